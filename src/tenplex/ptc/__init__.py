@@ -1,0 +1,35 @@
+"""The parallelizable tensor collection (PTC): pure Python, no torch, no I/O."""
+
+from .box import Box, chunk_bounds
+from .collection import PTC, LocalShard, Piece, TensorMeta
+from .dtypes import ITEM_SIZE, item_size
+from .errors import PTCError, TenplexError
+from .gpt import PRESETS, GPTConfig, check_layout, gpt_ptc, preset, stage_layers, stage_of_layer
+from .mesh import Mesh, device_id
+from .placement import PIPELINE_AXIS, Placement, Replicate, Shard
+
+__all__ = [
+    "ITEM_SIZE",
+    "PIPELINE_AXIS",
+    "PRESETS",
+    "PTC",
+    "Box",
+    "GPTConfig",
+    "LocalShard",
+    "Mesh",
+    "PTCError",
+    "Piece",
+    "Placement",
+    "Replicate",
+    "Shard",
+    "TenplexError",
+    "TensorMeta",
+    "check_layout",
+    "chunk_bounds",
+    "device_id",
+    "gpt_ptc",
+    "item_size",
+    "preset",
+    "stage_layers",
+    "stage_of_layer",
+]

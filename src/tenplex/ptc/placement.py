@@ -1,0 +1,109 @@
+"""How one tensor lies on a mesh: per axis Replicate or Shard(dim), plus pipeline-stage ownership."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .box import Box, chunk_bounds
+from .errors import PTCError
+from .mesh import Mesh
+
+PIPELINE_AXIS = "pp"
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """Split along tensor dimension `dim` with torch.chunk semantics (DTensor's `Shard`)."""
+
+    dim: int
+
+    def __str__(self) -> str:
+        return f"S({self.dim})"
+
+
+@dataclass(frozen=True, slots=True)
+class Replicate:
+    def __str__(self) -> str:
+        return "R"
+
+
+AxisPlacement = Shard | Replicate
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """`shards` maps a mesh axis to the tensor dim it splits; every other axis replicates.
+
+    `stages` lists the pipeline coordinates that hold the tensor (None: every coordinate). Axes that shard
+    the same dim split it in mesh order, like DTensor's `[Shard(0), Shard(0)]`.
+    """
+
+    shards: tuple[tuple[str, int], ...] = ()
+    stages: tuple[int, ...] | None = None
+
+    @classmethod
+    def of(cls, stages: int | tuple[int, ...] | None = None, **shards: int) -> Placement:
+        st = (stages,) if isinstance(stages, int) else stages
+        return cls(tuple(sorted(shards.items())), None if st is None else tuple(sorted(set(st))))
+
+    def on(self, axis: str) -> AxisPlacement:
+        for a, d in self.shards:
+            if a == axis:
+                return Shard(d)
+        return Replicate()
+
+    def check(self, mesh: Mesh, shape: tuple[int, ...], name: str = "") -> None:
+        """Raise a clear error when this placement cannot describe `shape` on `mesh`."""
+        what = f"tensor {name!r}: " if name else ""
+        for axis, dim in self.shards:
+            mesh.axis_index(axis)
+            if axis == PIPELINE_AXIS and self.stages is not None:
+                raise PTCError(f"{what}the pipeline axis cannot both own stages and shard dim {dim}")
+            if not 0 <= dim < len(shape):
+                raise PTCError(f"{what}Shard({dim}) on axis {axis!r} but the tensor has {len(shape)} dims")
+        if self.stages is not None:
+            pp = mesh.axis_size(PIPELINE_AXIS)
+            if not self.stages or any(not 0 <= s < pp for s in self.stages):
+                raise PTCError(f"{what}stages {self.stages} are outside a pipeline of {pp} stages")
+
+    def box(self, mesh: Mesh, shape: tuple[int, ...], coords: tuple[int, ...]) -> Box:
+        """The piece of a tensor of `shape` held at mesh `coords` (possibly empty)."""
+        start, stop = [0] * len(shape), list(shape)
+        for i, (axis, size) in enumerate(mesh.axes):
+            dim = self.dim_of(axis)
+            if dim is not None and size > 1:
+                a, b = chunk_bounds(stop[dim] - start[dim], size, coords[i])
+                start[dim], stop[dim] = start[dim] + a, start[dim] + b
+        return Box(tuple(start), tuple(stop))
+
+    def holds(self, mesh: Mesh, coords: tuple[int, ...]) -> bool:
+        if self.stages is None or PIPELINE_AXIS not in mesh.names:
+            return True
+        return coords[mesh.axis_index(PIPELINE_AXIS)] in self.stages
+
+    def dim_of(self, axis: str) -> int | None:
+        for a, d in self.shards:
+            if a == axis:
+                return d
+        return None
+
+    def describe(self, mesh: Mesh) -> str:
+        parts = [f"{a}={self.on(a)}" for a in mesh.names if a != PIPELINE_AXIS or self.stages is None]
+        if self.stages is not None:
+            parts.append("stages=" + ",".join(map(str, self.stages)))
+        return " ".join(parts)
+
+    def to_json(self) -> dict:
+        out: dict = {"shards": {a: d for a, d in self.shards}}
+        if self.stages is not None:
+            out["stages"] = list(self.stages)
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict) -> Placement:
+        try:
+            shards = tuple(sorted((str(a), int(d)) for a, d in data.get("shards", {}).items()))
+            stages = data.get("stages")
+            return cls(shards, None if stages is None else tuple(int(s) for s in stages))
+        except (AttributeError, TypeError, ValueError) as e:
+            raise PTCError(f"malformed placement {data!r}: {e}") from None

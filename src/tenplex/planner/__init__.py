@@ -1,4 +1,4 @@
-"""Reconfiguration planning: PTC x PTC (x lost devices) -> the exact pieces every new rank pulls, from where."""
+"""Reconfiguration planning: old PTC x new PTC (x lost devices) -> what every new rank pulls, from where."""
 
 from .central import central_plan
 from .plan import Fetch, Plan, PlanError, Route, plan

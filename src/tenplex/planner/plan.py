@@ -12,7 +12,7 @@ from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from itertools import product
 
 from ..ptc import PTC, Box, Piece, Placement, PTCError
@@ -23,7 +23,7 @@ class PlanError(PTCError):
     """The two PTCs cannot be related (different tensors, shapes or dtypes, unknown lost devices)."""
 
 
-class Route(str, Enum):
+class Route(StrEnum):
     KEPT = "kept"
     SAME_HOST = "same_host"
     CROSS_HOST = "cross_host"
@@ -182,8 +182,8 @@ def plan(
                 nbytes = part.volume * weight
                 by_device = {old.mesh.devices[r]: r for r in alive}
                 alive_hosts = {old_hosts[r] for r in alive}
-                for host in {new_hosts[d] for d in target.holders} - alive_hosts:
-                    stats.lower_bound += nbytes
+                needy = {new_hosts[d] for d in target.holders} - alive_hosts
+                stats.lower_bound += nbytes * len(needy)
                 for dst in target.holders:
                     src = by_device.get(new.mesh.devices[dst])
                     host = new_hosts[dst]

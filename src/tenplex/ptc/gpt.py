@@ -35,9 +35,9 @@ class GPTConfig:
     def param_count(self) -> int:
         """The standard count for this architecture (biases and layer norms included)."""
         h, f, L = self.hidden, self.ffn_size, self.layers
-        per_layer = (
-            4 * h * h + 2 * h * f + 3 * h + h + f + h + 4 * h + h
-        )  # weights, qkv/proj/fc1/fc2 biases, 2 LNs
+        weights = 4 * h * h + 2 * h * f  # qkv, proj, fc1, fc2
+        biases = 3 * h + h + f + h
+        per_layer = weights + biases + 4 * h  # and two layer norms
         head = 0 if self.tied else self.vocab * h
         return L * per_layer + (self.vocab + self.seq) * h + 2 * h + head
 
@@ -101,7 +101,7 @@ def check_layout(cfg: GPTConfig, dp: int, tp: int, pp: int) -> None:
 
 
 def param_shapes(cfg: GPTConfig) -> Iterator[tuple[str, tuple[int, ...], dict[str, int], str]]:
-    """(fqn, shape, tp sharding {"tp": dim} or {}, where) per parameter; where is 'first', 'last' or a layer."""
+    """(fqn, shape, tp sharding, where) per parameter; where is 'first', 'last' or the layer number."""
     h, f, v = cfg.hidden, cfg.ffn_size, cfg.vocab
     yield "tok_emb.weight", (v, h), {"tp": 0}, "first"
     yield "pos_emb.weight", (cfg.seq, h), {}, "first"

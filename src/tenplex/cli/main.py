@@ -1,0 +1,49 @@
+"""`tenplex` command line: one module per command, each with `register(subparsers)`.
+
+Every command reports bad input as one line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from importlib import import_module
+
+from ..ptc import TenplexError
+
+# command modules in src/tenplex/cli/, each defining register(subparsers) -> None
+COMMANDS = ("plan_cmd",)
+
+
+class UsageError(TenplexError):
+    """Bad flags or values given on the command line (exit code 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        print(f"tenplex: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="tenplex", description="Dynamic parallelism for PyTorch training jobs.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name in COMMANDS:
+        import_module(f".{name}", __package__).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except TenplexError as e:
+        print(f"tenplex: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tenplex: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -44,7 +44,7 @@ def central_plan(
             gathered[piece.box] = src
             route = "same_host" if old_hosts[src] == center else "cross_host"
             stats.add(route, piece.box.volume * weight, old_hosts[src], center)
-        grid = SourceGrid(tuple(p for p in pieces if p.box in gathered))
+        grid = SourceGrid(tuple(p for p in pieces if p.box in gathered), len(shape))
         moves: list[Move] = []
         for target in new._pieces(shape, new_pl):
             for source in grid.overlapping(target.box):

@@ -127,9 +127,8 @@ def group_tensors(old: PTC, new: PTC) -> dict[tuple[tuple[int, ...], Placement, 
 class SourceGrid:
     """The distinct source boxes of one layout, indexed per dimension for overlap queries."""
 
-    def __init__(self, pieces: tuple[Piece, ...]) -> None:
+    def __init__(self, pieces: tuple[Piece, ...], ndim: int) -> None:
         self.by_key = {tuple(zip(p.box.start, p.box.stop)): p for p in pieces}
-        ndim = pieces[0].box.ndim if pieces else 0
         self.intervals = [sorted({(p.box.start[d], p.box.stop[d]) for p in pieces}) for d in range(ndim)]
         self.starts = [[a for a, _ in iv] for iv in self.intervals]
         self.stops = [[b for _, b in iv] for iv in self.intervals]
@@ -168,7 +167,7 @@ def plan(
 
     for (shape, old_pl, new_pl), names in group_tensors(old, new).items():
         weight = sum(new.tensors[n].itemsize for n in names)  # bytes per element, summed over the group
-        grid = SourceGrid(old._pieces(shape, old_pl))
+        grid = SourceGrid(old._pieces(shape, old_pl), len(shape))
         moves: list[Move] = []
         remote_choice: dict[tuple[str, Box], int] = {}
         for target in new._pieces(shape, new_pl):
@@ -181,27 +180,33 @@ def plan(
                     continue
                 nbytes = part.volume * weight
                 by_device = {old.mesh.devices[r]: r for r in alive}
-                alive_hosts = {old_hosts[r] for r in alive}
-                needy = {new_hosts[d] for d in target.holders} - alive_hosts
+                by_host: dict[str, list[int]] = defaultdict(list)
+                for r in alive:
+                    by_host[old_hosts[r]].append(r)
+                needy = {new_hosts[d] for d in target.holders} - by_host.keys()
                 stats.lower_bound += nbytes * len(needy)
+                senders: list[int] = []  # remote candidates, one per host, least loaded first
                 for dst in target.holders:
                     src = by_device.get(new.mesh.devices[dst])
                     host = new_hosts[dst]
                     if src is not None:
                         route = Route.KEPT
-                    elif host in alive_hosts:
-                        local = [r for r in alive if old_hosts[r] == host]
-                        src, route = min(local, key=lambda r: (device_load[r], r)), Route.SAME_HOST
+                    elif host in by_host:
+                        src = min(by_host[host], key=lambda r: (device_load[r], r))
+                        route = Route.SAME_HOST
+                    elif (host, part) in remote_choice:
+                        src, route = remote_choice[(host, part)], Route.RELAYED
                     else:
-                        src = remote_choice.get((host, part))
-                        if src is None:
-                            src = min(alive, key=lambda r: (host_load[old_hosts[r]], device_load[r], r))
-                            remote_choice[(host, part)] = src
-                            host_load[old_hosts[src]] += nbytes
-                            route = Route.CROSS_HOST
-                        else:
-                            route = Route.RELAYED
-                    if route is not Route.KEPT and route is not Route.RELAYED:
+                        if not senders:
+                            senders = sorted(
+                                (min(rs, key=lambda r: (device_load[r], r)) for rs in by_host.values()),
+                                key=lambda r: (host_load[old_hosts[r]], device_load[r], r),
+                            )
+                        src = senders.pop(0)
+                        remote_choice[(host, part)] = src
+                        host_load[old_hosts[src]] += nbytes
+                        route = Route.CROSS_HOST
+                    if route is Route.SAME_HOST or route is Route.CROSS_HOST:
                         device_load[src] += nbytes
                     moves.append(Move(part, dst, src, route))
                     stats.add(route.value, nbytes, old_hosts[src], host)

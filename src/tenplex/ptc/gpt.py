@@ -42,18 +42,18 @@ class GPTConfig:
         return L * per_layer + (self.vocab + self.seq) * h + 2 * h + head
 
 
-# GPT-3 (Brown et al. 2020, Table 2.1) with n_ctx 2048 and the GPT-2 vocabulary. Where the paper's d_model
-# is not divisible by its head count, the shapes follow the ones Tenplex and Megatron-LM actually ran:
-# 1.3B uses hidden 2064 (Tenplex's `xl`), 13B uses hidden 5120.
+# GPT-3 (Brown et al. 2020, Table 2.1): n_ctx 2048, the GPT-2 vocabulary, tied input and output
+# embeddings. Where the paper's d_model is not divisible by its head count, the shapes follow the ones
+# Tenplex and Megatron-LM actually ran: 1.3B uses hidden 2064 (Tenplex's `xl`), 13B uses hidden 5120.
 PRESETS: dict[str, GPTConfig] = {
-    "gpt3-125m": GPTConfig(12, 768, 12),
-    "gpt3-350m": GPTConfig(24, 1024, 16),
-    "gpt3-760m": GPTConfig(24, 1536, 16),
-    "gpt3-1.3b": GPTConfig(24, 2064, 24),
-    "gpt3-2.7b": GPTConfig(32, 2560, 32),
-    "gpt3-6.7b": GPTConfig(32, 4096, 32),
-    "gpt3-13b": GPTConfig(40, 5120, 40),
-    "gpt3-175b": GPTConfig(96, 12288, 96),
+    "gpt3-125m": GPTConfig(12, 768, 12, tied=True),
+    "gpt3-350m": GPTConfig(24, 1024, 16, tied=True),
+    "gpt3-760m": GPTConfig(24, 1536, 16, tied=True),
+    "gpt3-1.3b": GPTConfig(24, 2064, 24, tied=True),
+    "gpt3-2.7b": GPTConfig(32, 2560, 32, tied=True),
+    "gpt3-6.7b": GPTConfig(32, 4096, 32, tied=True),
+    "gpt3-13b": GPTConfig(40, 5120, 40, tied=True),
+    "gpt3-175b": GPTConfig(96, 12288, 96, tied=True),
     # byte-level sizes used by the reference workload and the tests
     "tiny": GPTConfig(2, 64, 4, vocab=256, seq=64),
     "small": GPTConfig(4, 256, 8, vocab=256, seq=128),

@@ -1,0 +1,84 @@
+"""Planning time against devices (64 ... 4096) and tensors, for GPT-3 presets.
+
+Each row scales a job out by doubling dp. The baseline, measured in the same run, is an all-pairs overlap
+search (what a planner without an index does, e.g. PyTorch DCP's resharding): for every new shard it scans
+every old shard of the tensor. It runs only up to --baseline-max devices, since it grows quadratically.
+
+    python benchmarks/bench_planner.py [--max-devices 4096] [--out results/bench_planner.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from common import print_rows, write_results
+from tenplex.planner import central_plan, plan
+from tenplex.ptc import PTC, gpt_ptc, preset
+
+# (preset, tp, pp) per model: tp within a host, pp as in Megatron-LM's usual recipes
+MODELS = [("gpt3-125m", 4, 4), ("gpt3-2.7b", 8, 4), ("gpt3-175b", 8, 16)]
+
+
+def all_pairs_seconds(old: PTC, new: PTC) -> float:
+    """The naive planner: every new shard against every old shard of the same tensor."""
+    t = time.perf_counter()
+    by_tensor: dict[str, list] = {}
+    for s in old.all_shards():
+        by_tensor.setdefault(s.tensor, []).append(s)
+    pieces = 0
+    for rank in range(new.mesh.size):
+        for s in new.shards(rank):
+            for o in by_tensor[s.tensor]:
+                if o.box.intersect(s.box) is not None:
+                    pieces += 1
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--max-devices", type=int, default=4096)
+    ap.add_argument("--baseline-max", type=int, default=256)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    rows = []
+    for name, tp, pp in MODELS:
+        cfg = preset(name)
+        devices = 64
+        while devices <= args.max_devices:
+            dp = devices // (tp * pp)
+            if dp >= 1:
+                old = gpt_ptc(cfg, dp, tp, pp)
+                new = gpt_ptc(cfg, 2 * dp, tp, pp)
+                t = time.perf_counter()
+                p = plan(old, new)
+                seconds = time.perf_counter() - t
+                t = time.perf_counter()
+                central_plan(old, new)
+                central_seconds = time.perf_counter() - t
+                shards = sum(len(pc.holders) for n in new.tensors for pc in new.pieces(n))
+                base = all_pairs_seconds(old, new) if 2 * devices <= args.baseline_max else None
+                rows.append(
+                    {
+                        "model": name,
+                        "from": f"dp={dp},tp={tp},pp={pp}",
+                        "devices": f"{devices}->{2 * devices}",
+                        "tensors": len(new.tensors),
+                        "new_shards": shards,
+                        "plan_s": seconds,
+                        "central_plan_s": central_seconds,
+                        "all_pairs_s": base,
+                        "speedup_vs_all_pairs": base / seconds if base else None,
+                        "cross_host_GB": p.stats.cross_host / 1e9,
+                        "lower_bound_GB": p.stats.cross_host_lower_bound / 1e9,
+                    }
+                )
+                print(rows[-1], flush=True)
+            devices *= 2
+    cols = ["model", "devices", "tensors", "new_shards", "plan_s", "all_pairs_s", "speedup_vs_all_pairs"]
+    print_rows("planning time (scale-out by doubling dp)", rows, cols)
+    print("wrote", write_results("bench_planner", rows, path=args.out))
+
+
+if __name__ == "__main__":
+    main()

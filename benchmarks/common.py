@@ -1,0 +1,43 @@
+"""Shared benchmark plumbing: results as JSON under results/ and a printed table."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+
+def write_results(name: str, rows: list[dict], meta: dict | None = None, path: str | None = None) -> Path:
+    out = Path(path) if path else Path(os.environ.get("TENPLEX_RESULTS", "results")) / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "benchmark": name,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        **(meta or {}),
+        "rows": rows,
+    }
+    out.write_text(json.dumps(doc, indent=1))
+    return out
+
+
+def print_rows(title: str, rows: list[dict], columns: list[str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for c in columns:
+        table.add_column(c, justify="right")
+    for r in rows:
+        table.add_row(*(_fmt(r.get(c)) for c in columns))
+    Console().print(table)
+
+
+def _fmt(v: object) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)

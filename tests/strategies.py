@@ -1,0 +1,69 @@
+"""Hypothesis strategies for random PTCs: meshes of up to 4 axes, uneven shapes, stages, host maps."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from tenplex.ptc import PTC, Mesh, Placement, TensorMeta, device_id
+
+AXIS_NAMES = ("pp", "dp", "tp", "ep")
+
+
+@st.composite
+def meshes(draw, devices_pool: list[tuple[str, str]] | None = None) -> Mesh:
+    names = draw(st.lists(st.sampled_from(AXIS_NAMES), min_size=1, max_size=4, unique=True))
+    axes = tuple((n, draw(st.integers(1, 3))) for n in names)
+    size = 1
+    for _, s in axes:
+        size *= s
+    dph = draw(st.integers(1, 4))
+    fresh = [(device_id(100 + r // dph, r % dph), f"h{100 + r // dph}") for r in range(size)]
+    if devices_pool:
+        pool = draw(st.permutations(devices_pool)) + fresh
+        reuse = draw(st.integers(0, min(size, len(devices_pool))))
+        devices = list(pool[:reuse]) + fresh[: size - reuse]
+    else:
+        devices = [(device_id(r // dph, r % dph), f"h{r // dph}") for r in range(size)]
+    return Mesh.build(axes, devices=devices)
+
+
+@st.composite
+def placements(draw, mesh: Mesh, shape: tuple[int, ...]) -> Placement:
+    shards = {}
+    for axis in mesh.names:
+        if axis == "pp" or not shape:
+            continue
+        if draw(st.booleans()):
+            shards[axis] = draw(st.integers(0, len(shape) - 1))
+    stages = None
+    pp = mesh.axis_size("pp")
+    if "pp" in mesh.names and draw(st.booleans()):
+        stages = tuple(draw(st.lists(st.integers(0, pp - 1), min_size=1, max_size=pp, unique=True)))
+    elif "pp" in mesh.names and shape and draw(st.booleans()):
+        shards["pp"] = draw(st.integers(0, len(shape) - 1))
+    return Placement.of(stages, **shards)
+
+
+DTYPES = ("float32", "float64", "int16", "uint8", "float16")
+
+
+@st.composite
+def tensor_set(draw) -> list[TensorMeta]:
+    n = draw(st.integers(1, 4))
+    out = []
+    for i in range(n):
+        shape = tuple(draw(st.lists(st.integers(0, 7), min_size=0, max_size=3)))
+        out.append(TensorMeta(f"t{i}.w", shape, draw(st.sampled_from(DTYPES))))
+    return out
+
+
+@st.composite
+def ptc_pairs(draw) -> tuple[PTC, PTC]:
+    """An old and a new layout of the same tensors; the new one reuses some old devices and hosts."""
+    metas = draw(tensor_set())
+    old_mesh = draw(meshes())
+    pool = list(zip(old_mesh.devices, old_mesh.hosts))
+    new_mesh = draw(meshes(devices_pool=pool))
+    old = PTC.build(old_mesh, [(m, draw(placements(old_mesh, m.shape))) for m in metas])
+    new = PTC.build(new_mesh, [(m, draw(placements(new_mesh, m.shape))) for m in metas])
+    return old, new

@@ -55,8 +55,9 @@ def element_lower_bound(old: PTC, new: PTC, dead: frozenset) -> int:
     """Bytes each new host needs that no surviving device on it holds, counted once per host."""
     total = 0
     for name, meta in new.tensors.items():
-        need: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(meta.shape, bool))
-        have: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(meta.shape, bool))
+        hosts = set(new.mesh.hosts) | set(old.mesh.hosts)
+        need = {h: np.zeros(meta.shape, bool) for h in hosts}
+        have = {h: np.zeros(meta.shape, bool) for h in hosts}
         anywhere = np.zeros(meta.shape, bool)
         for s in new.all_shards():
             if s.tensor == name:

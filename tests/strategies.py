@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from tenplex.ptc import PTC, Mesh, Placement, TensorMeta, device_id
+from tenplex.ptc import PTC, AnyPlacement, Explicit, Mesh, Placement, TensorMeta, device_id
+from tenplex.ptc.collection import _layout
 
 AXIS_NAMES = ("pp", "dp", "tp", "ep")
 
@@ -28,7 +29,14 @@ def meshes(draw, devices_pool: list[tuple[str, str]] | None = None) -> Mesh:
 
 
 @st.composite
-def placements(draw, mesh: Mesh, shape: tuple[int, ...]) -> Placement:
+def placements(draw, mesh: Mesh, shape: tuple[int, ...]) -> AnyPlacement:
+    """A mesh placement, or sometimes the same layout listed piece by piece."""
+    p = draw(mesh_placements(mesh, shape))
+    return Explicit(_layout(mesh, shape, p)) if draw(st.integers(0, 3)) == 0 else p
+
+
+@st.composite
+def mesh_placements(draw, mesh: Mesh, shape: tuple[int, ...]) -> Placement:
     shards = {}
     for axis in mesh.names:
         if axis == "pp" or not shape:

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from strategies import meshes, placements, tensor_set
+from strategies import mesh_placements, meshes, placements, tensor_set
 from tenplex.ptc import (
     PRESETS,
     PTC,
@@ -86,7 +86,7 @@ def test_placement_boxes_follow_chunk_and_mesh_order():
 def test_pieces_partition_every_tensor(data):
     mesh = data.draw(meshes())
     for meta in data.draw(tensor_set()):
-        p = data.draw(placements(mesh, meta.shape))
+        p = data.draw(mesh_placements(mesh, meta.shape))
         ptc = PTC.build(mesh, [(meta, p)])
         count = np.zeros(meta.shape, dtype=np.int64)
         for piece in ptc.pieces(meta.name):
@@ -203,3 +203,22 @@ def test_invalid_gpt_layouts():
         gpt_ptc(cfg, 0, 1, 1)
     with pytest.raises(PTCError, match="unknown model"):
         preset("gpt5")
+
+
+def test_explicit_layouts_must_tile_the_tensor():
+    from tenplex.ptc import Explicit, Piece
+
+    mesh = Mesh.build({"dp": 2})
+    meta = TensorMeta("w", (4, 2), "float32")
+    ok = Explicit((Piece(Box((0, 0), (3, 2)), (0,)), Piece(Box((3, 0), (4, 2)), (1, 0))))
+    ptc = PTC.build(mesh, [(meta, ok)])
+    assert PTC.loads(ptc.dumps()) == ptc
+    assert [s.box for s in ptc.shards(0)] == [Box((0, 0), (3, 2)), Box((3, 0), (4, 2))]
+    gap = Explicit((Piece(Box((0, 0), (3, 2)), (0,)),))
+    with pytest.raises(PTCError, match="do not tile"):
+        PTC.build(mesh, [(meta, gap)])
+    overlap = Explicit((Piece(Box((0, 0), (3, 2)), (0,)), Piece(Box((2, 0), (3, 2)), (1,))))
+    with pytest.raises(PTCError, match="overlap"):
+        PTC.build(mesh, [(meta, overlap)])
+    with pytest.raises(PTCError, match="outside ranks"):
+        PTC.build(mesh, [(meta, Explicit((Piece(Box((0, 0), (4, 2)), (5,)),)))])

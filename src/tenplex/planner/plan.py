@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from itertools import product
 
-from ..ptc import PTC, Box, Piece, Placement, PTCError
+from ..ptc import PTC, AnyPlacement, Box, Piece, PTCError
 from .stats import Bandwidth, PlanStats, StatsBuilder
 
 
@@ -117,8 +117,11 @@ def lost_ranks(old: PTC, lost: Iterable[str]) -> frozenset[int]:
     )
 
 
-def group_tensors(old: PTC, new: PTC) -> dict[tuple[tuple[int, ...], Placement, Placement], list[str]]:
-    groups: dict[tuple[tuple[int, ...], Placement, Placement], list[str]] = defaultdict(list)
+GroupKey = tuple[tuple[int, ...], AnyPlacement, AnyPlacement]
+
+
+def group_tensors(old: PTC, new: PTC) -> dict[GroupKey, list[str]]:
+    groups: dict[GroupKey, list[str]] = defaultdict(list)
     for name, meta in new.tensors.items():
         groups[(meta.shape, old.placements[name], new.placements[name])].append(name)
     return groups

@@ -1,19 +1,21 @@
 """The parallelizable tensor collection (PTC): pure Python, no torch, no I/O."""
 
 from .box import Box, chunk_bounds
-from .collection import PTC, LocalShard, Piece, TensorMeta
+from .collection import PTC, LocalShard, TensorMeta
 from .dtypes import ITEM_SIZE, item_size
 from .errors import PTCError, TenplexError
 from .gpt import PRESETS, GPTConfig, check_layout, gpt_ptc, preset, stage_layers, stage_of_layer
 from .mesh import Mesh, device_id
-from .placement import PIPELINE_AXIS, Placement, Replicate, Shard
+from .placement import PIPELINE_AXIS, AnyPlacement, Explicit, Piece, Placement, Replicate, Shard
 
 __all__ = [
     "ITEM_SIZE",
     "PIPELINE_AXIS",
     "PRESETS",
     "PTC",
+    "AnyPlacement",
     "Box",
+    "Explicit",
     "GPTConfig",
     "LocalShard",
     "Mesh",

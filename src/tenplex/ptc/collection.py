@@ -15,7 +15,7 @@ from .box import Box
 from .dtypes import item_size
 from .errors import PTCError
 from .mesh import Mesh
-from .placement import PIPELINE_AXIS, Placement
+from .placement import PIPELINE_AXIS, AnyPlacement, Explicit, Piece, Placement
 
 MANIFEST_FORMAT = "tenplex.ptc"
 MANIFEST_VERSION = 1
@@ -46,14 +46,6 @@ class TensorMeta:
 
 
 @dataclass(frozen=True, slots=True)
-class Piece:
-    """The distinct box of a tensor and the ranks that hold it (replicas)."""
-
-    box: Box
-    holders: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
 class LocalShard:
     """One piece of one tensor on one rank."""
 
@@ -68,7 +60,7 @@ class PTC:
 
     mesh: Mesh
     tensors: dict[str, TensorMeta]
-    placements: dict[str, Placement]
+    placements: dict[str, AnyPlacement]
     values: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -84,11 +76,11 @@ class PTC:
     def build(
         cls,
         mesh: Mesh,
-        tensors: Iterable[tuple[TensorMeta, Placement]],
+        tensors: Iterable[tuple[TensorMeta, AnyPlacement]],
         values: dict[str, Any] | None = None,
     ) -> PTC:
         metas: dict[str, TensorMeta] = {}
-        places: dict[str, Placement] = {}
+        places: dict[str, AnyPlacement] = {}
         for meta, placement in tensors:
             if meta.name in metas:
                 raise PTCError(f"tensor {meta.name!r} appears twice")
@@ -112,7 +104,9 @@ class PTC:
         meta = self.meta(name)
         return self._pieces(meta.shape, self.placements[name])
 
-    def _pieces(self, shape: tuple[int, ...], placement: Placement) -> tuple[Piece, ...]:
+    def _pieces(self, shape: tuple[int, ...], placement: AnyPlacement) -> tuple[Piece, ...]:
+        if isinstance(placement, Explicit):
+            return placement.pieces
         key = (shape, placement)
         cached = self._piece_cache.get(key)
         if cached is None:
@@ -129,7 +123,9 @@ class PTC:
         out = []
         for name, meta in self.tensors.items():
             placement = self.placements[name]
-            if placement.holds(self.mesh, coords):
+            if isinstance(placement, Explicit):
+                out.extend(LocalShard(name, p.box, rank) for p in placement.pieces if rank in p.holders)
+            elif placement.holds(self.mesh, coords):
                 box = placement.box(self.mesh, meta.shape, coords)
                 if not box.empty:
                     out.append(LocalShard(name, box, rank))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import combinations
+from math import prod
 
 from .box import Box, chunk_bounds
 from .errors import PTCError
@@ -100,10 +102,63 @@ class Placement:
         return out
 
     @classmethod
-    def from_json(cls, data: dict) -> Placement:
+    def from_json(cls, data: dict) -> Placement | Explicit:
+        if isinstance(data, dict) and "pieces" in data:
+            return Explicit.from_json(data)
         try:
             shards = tuple(sorted((str(a), int(d)) for a, d in data.get("shards", {}).items()))
             stages = data.get("stages")
             return cls(shards, None if stages is None else tuple(int(s) for s in stages))
         except (AttributeError, TypeError, ValueError) as e:
             raise PTCError(f"malformed placement {data!r}: {e}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """A distinct box of a tensor and the ranks that hold it (its replicas)."""
+
+    box: Box
+    holders: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Explicit:
+    """A layout listed piece by piece: whatever a framework produced (per-rank DTensor shards of any
+    mesh, uneven or strided sharding, pipeline stages by presence), as long as the pieces tile the tensor."""
+
+    pieces: tuple[Piece, ...]
+
+    def check(self, mesh: Mesh, shape: tuple[int, ...], name: str = "") -> None:
+        what = f"tensor {name!r}: " if name else ""
+        full = Box.full(shape)
+        for p in self.pieces:
+            if p.box.ndim != len(shape) or not full.contains(p.box):
+                raise PTCError(f"{what}piece {p.box} lies outside the shape {list(shape)}")
+            if not p.holders or any(not 0 <= r < mesh.size for r in p.holders):
+                raise PTCError(
+                    f"{what}piece {p.box} has holders {p.holders} outside ranks 0..{mesh.size - 1}"
+                )
+        if sum(p.box.volume for p in self.pieces) != prod(shape):
+            raise PTCError(
+                f"{what}pieces do not tile the tensor: their volumes do not add up to {list(shape)}"
+            )
+        if len(self.pieces) <= 512:
+            for a, b in combinations(self.pieces, 2):
+                if a.box.intersect(b.box) is not None:
+                    raise PTCError(f"{what}pieces {a.box} and {b.box} overlap")
+
+    def describe(self, mesh: Mesh) -> str:
+        return f"{len(self.pieces)} pieces"
+
+    def to_json(self) -> dict:
+        return {"pieces": [[p.box.to_json(), list(p.holders)] for p in self.pieces]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Explicit:
+        try:
+            return cls(tuple(Piece(Box.from_json(b), tuple(int(r) for r in h)) for b, h in data["pieces"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise PTCError(f"malformed explicit placement: {e}") from None
+
+
+AnyPlacement = Placement | Explicit

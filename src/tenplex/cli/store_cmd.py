@@ -1,0 +1,51 @@
+"""`tenplex store`: run this host's tensor store daemon; `tenplex store ls`: what a store holds."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..store import StoreClient
+from ..store.client import DEFAULT_URL
+from ..store.daemon import add_arguments, run
+from .format import human_bytes, print_table
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("store", help="run the tensor store daemon of this host (or list its contents)")
+    add_arguments(p)
+    p.set_defaults(func=run)
+    actions = p.add_subparsers(dest="store_action", required=False, parser_class=type(p))
+    ls = actions.add_parser("ls", help="jobs, versions, blobs, sizes and copies held by a store")
+    ls.add_argument("--store", default=None, help=f"store URL (default $TENPLEX_STORE or {DEFAULT_URL})")
+    ls.add_argument("--token-file", dest="ls_token_file", default=None, help="bearer token file")
+    ls.add_argument("--blobs", action="store_true", help="one row per blob instead of one per version")
+    ls.set_defaults(func=_ls)
+
+
+def _ls(args: argparse.Namespace) -> int:
+    token = None
+    if args.ls_token_file:
+        with open(args.ls_token_file) as f:
+            token = f.read().strip()
+    c = StoreClient(args.store, token=token, local=False)
+    rows: list[list[str]] = []
+    for job in c.jobs():
+        for v in c.version_info(job):
+            state = "committed" if v["committed"] else "pending"
+            if v["replica_of"]:
+                state += f" (replica of {v['replica_of']})"
+            if not args.blobs or not v["committed"]:
+                rows.append([job, str(v["step"]), state, str(v["blobs"]), human_bytes(v["nbytes"]),
+                             v["replication"]])  # fmt: skip
+                continue
+            for b in c.blobs(job, v["step"]):
+                rows.append([job, str(v["step"]), b["name"], f"{b['dtype']}{b['shape']}",
+                             human_bytes(b["nbytes"]), ", ".join(b["copies"])])  # fmt: skip
+    s = c.stats()
+    title = f"{c.url}: {human_bytes(s['memory_used'])} of {human_bytes(s['memory_limit'])} used"
+    if args.blobs:
+        header = ["job", "version", "blob", "type", "size", "copies"]
+    else:
+        header = ["job", "version", "state", "blobs", "size", "replication"]
+    print_table(title, header, rows)
+    return 0

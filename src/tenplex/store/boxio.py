@@ -1,0 +1,80 @@
+"""Moving the bytes of a box out of a blob: into a caller's array (same host) or onto a socket (network).
+
+A box of a C-order blob is contiguous when it only narrows the leading dimensions; then it is copied or sent
+straight from the blob's memory. Other boxes go through a reusable buffer in slabs, so the daemon never
+allocates per request and the client never sees a `bytes` object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from ..ptc import Box
+from .checksum import CHUNK, byte_span, digest, verify_span
+from .errors import ChecksumError
+from .keys import NUMPY_DTYPE
+
+SCRATCH = 8 << 20  # bytes of the per-connection buffer for strided boxes
+
+
+def blob_array(buf: memoryview | bytearray, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    """The blob's memory as an ndarray (no copy)."""
+    return np.frombuffer(buf, dtype=NUMPY_DTYPE[dtype], count=int(np.prod(shape, dtype=np.int64))).reshape(
+        shape
+    )
+
+
+def as_bytes(a: np.ndarray) -> memoryview:
+    return memoryview(a.reshape(-1).view(np.uint8))
+
+
+def pieces(view: np.ndarray, scratch: np.ndarray) -> Iterator[memoryview]:
+    """The bytes of `view` in C order as a few memoryviews: slices of the blob or of `scratch` (reused)."""
+    if view.size == 0:
+        return
+    if view.flags.c_contiguous:
+        yield as_bytes(view)
+        return
+    row = view[0].nbytes if view.ndim > 1 else view.itemsize
+    if view.ndim > 1 and row > scratch.nbytes:
+        for sub in view:  # one row does not fit: go one dimension deeper
+            yield from pieces(sub, scratch)
+        return
+    rows = max(1, scratch.nbytes // row)
+    flat = scratch.view(np.uint8)
+    for i in range(0, view.shape[0], rows):
+        slab = view[i : i + rows]
+        if slab.flags.c_contiguous:
+            yield as_bytes(slab)
+            continue
+        dst = flat[: slab.nbytes].view(view.dtype).reshape(slab.shape)
+        np.copyto(dst, slab)
+        yield memoryview(flat[: slab.nbytes])
+
+
+def copy_box(
+    data: memoryview,
+    digests: list[int],
+    dtype: str,
+    shape: tuple[int, ...],
+    box: Box,
+    out: np.ndarray,
+    what: str,
+) -> None:
+    """Verify the chunks `box` touches and copy it into `out`; contiguous boxes chunk by chunk (in cache)."""
+    arr = blob_array(data, dtype, shape)
+    view = arr[box.slices()]
+    lo, hi = byte_span(box, shape, arr.itemsize)
+    if not view.flags.c_contiguous:
+        verify_span(data, digests, lo, hi, what)
+        np.copyto(out, view)
+        return
+    dst = as_bytes(out)
+    for c in range(lo // CHUNK, (hi - 1) // CHUNK + 1 if hi > lo else 0):
+        a, b = c * CHUNK, (c + 1) * CHUNK
+        if digest(data[a:b]) != digests[c]:
+            raise ChecksumError(f"{what}: bytes {a}..{min(b, len(data))} are corrupted")
+        s, e = max(a, lo), min(b, hi)
+        dst[s - lo : e - lo] = data[s:e]

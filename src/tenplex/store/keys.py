@@ -1,0 +1,100 @@
+"""Validation of everything a request names: jobs, steps, blob names, dtypes, shapes and boxes.
+
+Names never become file-system paths (blob files get generated names), but they are still bounded and
+printable so that listings, logs and URLs stay sane.
+"""
+
+from __future__ import annotations
+
+import re
+from math import prod
+
+import numpy as np
+
+from ..ptc import ITEM_SIZE, Box, PTCError
+from .errors import BadRequestError
+
+JOB_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
+MAX_NAME = 1024
+MAX_NDIM = 32
+MAX_STEP = 2**63 - 1
+
+# numpy has no bfloat16: its bytes travel as 2-byte integers
+NUMPY_DTYPE: dict[str, np.dtype] = {
+    name: np.dtype("uint16" if name == "bfloat16" else name) for name in ITEM_SIZE
+}
+
+
+def check_job(job: object) -> str:
+    if not isinstance(job, str) or not JOB_RE.fullmatch(job) or job in (".", ".."):
+        raise BadRequestError(f"invalid job name {job!r}: expected [A-Za-z0-9._-]{{1,128}}")
+    return job
+
+
+def check_step(step: object) -> int:
+    if isinstance(step, str) and step.isdigit() and len(step) <= 19:
+        step = int(step)
+    if type(step) is not int or not 0 <= step <= MAX_STEP:
+        raise BadRequestError(f"invalid version {step!r}: expected a non-negative integer")
+    return step
+
+
+def check_name(name: object) -> str:
+    if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME or not name.isprintable():
+        raise BadRequestError(f"invalid blob name {name!r}: printable, 1..{MAX_NAME} characters")
+    return name
+
+
+def check_dtype(dtype: object) -> str:
+    if not isinstance(dtype, str) or dtype not in ITEM_SIZE:
+        raise BadRequestError(f"unknown dtype {dtype!r} (known: {', '.join(sorted(ITEM_SIZE))})")
+    return dtype
+
+
+def check_shape(shape: object) -> tuple[int, ...]:
+    if not isinstance(shape, list | tuple) or len(shape) > MAX_NDIM:
+        raise BadRequestError(f"invalid shape {shape!r}: a list of at most {MAX_NDIM} sizes")
+    if not all(type(s) is int and 0 <= s < 2**48 for s in shape):
+        raise BadRequestError(f"invalid shape {shape!r}: sizes are non-negative integers")
+    if prod(shape) >= 2**48:
+        raise BadRequestError(f"shape {shape!r} is too large")
+    return tuple(shape)
+
+
+def check_box(data: object, shape: tuple[int, ...]) -> Box:
+    """A box from JSON, checked to lie inside a tensor of `shape` (None means the whole tensor)."""
+    if data is None:
+        return Box.full(shape)
+    try:
+        box = Box.from_json(data)
+    except PTCError as e:
+        raise BadRequestError(str(e)) from None
+    if box.ndim != len(shape) or any(b > s for b, s in zip(box.stop, shape)):
+        raise BadRequestError(f"box {box} does not fit a tensor of shape {list(shape)}")
+    return box
+
+
+def dtype_name_of(array: np.ndarray, dtype: str | None) -> str:
+    """The store dtype of `array`: its numpy name, or `dtype` when given (e.g. bfloat16 held as uint16)."""
+    if dtype is None:
+        name = array.dtype.name
+        if name not in ITEM_SIZE:
+            raise BadRequestError(f"numpy dtype {name} has no tenplex dtype; pass dtype=")
+        return name
+    check_dtype(dtype)
+    if ITEM_SIZE[dtype] != array.dtype.itemsize:
+        raise BadRequestError(f"array of {array.dtype} cannot hold {dtype}")
+    return dtype
+
+
+def check_out(out: np.ndarray, dtype: str, box: Box) -> np.ndarray:
+    """The caller's buffer for `box` of a `dtype` blob, viewed with the store's numpy dtype."""
+    if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or not out.flags.writeable:
+        raise BadRequestError("out must be a writable C-contiguous numpy array")
+    if tuple(out.shape) != box.shape:
+        raise BadRequestError(f"out has shape {list(out.shape)}, box {box} has shape {list(box.shape)}")
+    want = NUMPY_DTYPE[dtype]
+    same = out.dtype == want or (dtype == "bfloat16" and out.dtype.itemsize == 2 and out.dtype.kind in "uiV")
+    if not same and out.dtype.name != dtype:
+        raise BadRequestError(f"out has dtype {out.dtype}, the blob holds {dtype}")
+    return out.view(want)

@@ -1,0 +1,108 @@
+"""Starting and stopping store daemons as subprocesses (tests, benchmarks and the runtime use this)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+from .client import StoreClient
+from .errors import StoreError, StoreUnavailable
+from .shm import shm_root
+
+READY = "tenplex store listening on "
+
+
+@dataclass
+class StoreProcess:
+    """A running daemon: its process, URL and token."""
+
+    proc: subprocess.Popen[str]
+    url: str
+    token: str | None = None
+
+    def client(self, local: bool | None = None) -> StoreClient:
+        return StoreClient(self.url, token=self.token, local=local)
+
+    @property
+    def shm_dir(self) -> str:
+        return os.path.join(shm_root(), f"tenplex-{self.url.rsplit(':', 1)[1]}-{self.proc.pid}")
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM and wait (SIGKILL after `timeout`); a killed daemon's shared memory is removed here."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        shutil.rmtree(self.shm_dir, ignore_errors=True)  # only left behind if it was killed
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL: what a host failure looks like to the other stores."""
+        self.proc.kill()
+        self.proc.wait()
+
+    def __enter__(self) -> StoreProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_store(
+    port: int = 0,
+    host: str = "127.0.0.1",
+    memory_limit: str = "16GiB",
+    token_file: str | None = None,
+    peers: list[str] | None = None,
+    replicas: int = 0,
+    extra: list[str] | None = None,
+    timeout: float = 30.0,
+) -> StoreProcess:
+    """Launch `python -m tenplex.store` on `port` (0: a free one) and wait until it answers."""
+    cmd = [sys.executable, "-m", "tenplex.store", "--host", host, "--port", str(port),
+           "--memory-limit", memory_limit, "--replicas", str(replicas)]  # fmt: skip
+    if token_file:
+        cmd += ["--token-file", token_file]
+    if peers:
+        cmd += ["--peers", ",".join(peers)]
+    cmd += extra or []
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    line: list[str] = []
+    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline() if proc.stdout else ""))
+    reader.daemon = True
+    reader.start()
+    reader.join(timeout)
+    if not line or not line[0].startswith(READY):
+        proc.kill()
+        proc.wait()
+        raise StoreUnavailable(
+            f"store did not start (exit {proc.returncode}): {line[0] if line else 'timeout'}"
+        )
+    url = line[0][len(READY) :].strip()
+    url = url if host in ("127.0.0.1", "localhost", "::1") else f"http://127.0.0.1:{url.rsplit(':', 1)[1]}"
+    token = None
+    if token_file:
+        with open(token_file) as f:
+            token = f.read().strip()
+    sp = StoreProcess(proc, url, token)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            sp.client().health()
+            return sp
+        except StoreError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                sp.stop()
+                raise
+            time.sleep(0.05)

@@ -1,0 +1,88 @@
+"""Blob memory: one file per blob in a private directory on /dev/shm, mapped with mmap.
+
+Files on tmpfs plus mmap (rather than `multiprocessing.shared_memory`) because the daemon alone decides
+when a segment goes away: no resource tracker in a client process can unlink it when that client exits.
+File names are generated (`b00000001`), never derived from job or blob names.
+"""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import os
+import shutil
+import socket
+import tempfile
+import threading
+
+from .errors import MemoryLimitError
+
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+
+
+def shm_root() -> str:
+    """Where blob files live: /dev/shm when it exists (memory), else the temp directory."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+
+def host_id() -> str:
+    """Identifies this machine (and boot): a store with the same id can share memory with us."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "?"
+    return f"{socket.gethostname()}/{boot}"
+
+
+def map_file(path: str, nbytes: int, writable: bool) -> mmap.mmap | bytearray:
+    """Map a blob file; pages are pre-faulted (MAP_POPULATE) because faulting 4 KiB at a time costs as
+    much as the copy itself. Empty blobs have no mapping."""
+    if nbytes == 0:
+        return bytearray()
+    fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+    try:
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        return mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | _POPULATE, prot=prot)
+    finally:
+        os.close(fd)
+
+
+class Arena:
+    """The daemon's blob files: created on demand, unlinked on delete, the whole directory removed on exit."""
+
+    def __init__(self, tag: str, root: str | None = None) -> None:
+        self.dir = os.path.join(root or shm_root(), f"tenplex-{tag}-{os.getpid()}")
+        os.makedirs(self.dir, mode=0o700)
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def create(self, nbytes: int) -> tuple[str, mmap.mmap | bytearray]:
+        """A new file of `nbytes`, mapped writable for the daemon."""
+        with self._lock:
+            path = os.path.join(self.dir, f"b{next(self._ids):08d}")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, nbytes)
+            if nbytes:  # take the pages now: ENOSPC here instead of SIGBUS on a write into the mapping
+                os.posix_fallocate(fd, 0, nbytes)
+        except OSError as e:
+            os.close(fd)
+            self.remove(path)
+            raise MemoryLimitError(f"no room for {nbytes} bytes in {self.dir}: {e.strerror}") from None
+        os.close(fd)
+        return path, map_file(path, nbytes, writable=True)
+
+    def capacity(self) -> int:
+        """Bytes the shared-memory file system can hold in total (the ceiling of any memory limit)."""
+        st = os.statvfs(self.dir)
+        return st.f_blocks * st.f_frsize
+
+    def remove(self, path: str) -> None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+    def close(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,96 @@
+"""Spawn a local process group: `spawn(fn, world, *args)` runs fn(*args) in `world` gloo/nccl ranks.
+
+Why not `torch.multiprocessing.spawn`: we need a free port chosen here, the results of every rank back in
+the parent, and the first failing rank's error (not a hang of the others) reported as the failure.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch.multiprocessing as mp
+
+from ..ptc import TenplexError
+
+
+class LaunchError(TenplexError, RuntimeError):
+    """A rank failed; the message carries its traceback's last line."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple, results: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+    )
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    try:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(minutes=5))
+        out = fn(*args)
+        results.put((rank, True, out))
+    except BaseException as e:  # report, then exit non-zero so the parent stops the others
+        results.put((rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        raise SystemExit(1) from None
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def spawn(fn: Callable[..., Any], world: int, *args: Any, queue: Any = None) -> list[Any]:
+    """Run `fn(*args)` in `world` fresh ranks; return every rank's result, ordered by rank.
+
+    `fn` must be importable by name (a module-level function). `queue`, if given, is an `mp` queue made by
+    `context()` that `fn` may use to stream progress to the parent.
+    """
+    ctx = context()
+    results = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_entry, args=(r, world, port, fn, args, results), daemon=False)
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    out: dict[int, Any] = {}
+    try:
+        while len(out) < world:
+            try:
+                rank, ok, value = results.get(timeout=1.0)
+            except Exception:
+                dead = [p for p in procs if p.exitcode not in (None, 0)]
+                if dead and results.empty():
+                    raise LaunchError(
+                        f"rank {procs.index(dead[0])} exited with code {dead[0].exitcode}"
+                    ) from None
+                continue
+            if not ok:
+                raise LaunchError(f"rank {rank} failed: {value}")
+            out[rank] = value
+    finally:
+        for p in procs:
+            if len(out) < world and p.is_alive():
+                p.terminate()
+            p.join()
+    return [out[r] for r in range(world)]
+
+
+def context() -> Any:
+    return mp.get_context("spawn")

@@ -1,0 +1,166 @@
+"""(dp, tp, pp) layouts of the GPT on a DeviceMesh with axes ("pp", "dp", "tp"), tp fastest.
+
+Everything here is PyTorch's own stack: DTensor tensor parallelism through `parallelize_module`, pipeline
+stages for `torch.distributed.pipelining` made by deleting what a stage does not own from the full model,
+DDP-style gradient all-reduce over dp, or FSDP2 `fully_shard` over dp. Every rank first builds the *full*
+model from the seed and only then cuts it, so the global parameters are identical in every layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from ..ptc import GPTConfig, PTCError, check_layout
+from .model import GPT
+
+AXES = ("pp", "dp", "tp")
+
+
+class LayoutError(PTCError):
+    """A (dp, tp, pp) layout the model, the world or the batch cannot take."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    fsdp: bool = False
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def __str__(self) -> str:
+        return f"dp{self.dp}-tp{self.tp}-pp{self.pp}" + ("-fsdp" if self.fsdp else "")
+
+    def check(self, cfg: GPTConfig, world: int | None = None) -> None:
+        check_layout(cfg, self.dp, self.tp, self.pp)
+        if world is not None and world != self.world:
+            raise LayoutError(f"layout {self} needs {self.world} ranks, the job has {world}")
+        if cfg.tied and (self.tp > 1 or self.pp > 1):
+            raise LayoutError("tied embeddings are supported with tp=1 and pp=1 only")
+
+
+def valid_layouts(cfg: GPTConfig, world: int) -> list[Layout]:
+    """Every (dp, tp, pp) with product `world` that `cfg` allows (tp must divide the heads, pp ≤ layers)."""
+    out = []
+    for tp in range(1, world + 1):
+        for pp in range(1, world // tp + 1):
+            if world % (tp * pp) == 0:
+                lay = Layout(world // (tp * pp), tp, pp)
+                try:
+                    lay.check(cfg, world)
+                except PTCError:
+                    continue
+                out.append(lay)
+    return out
+
+
+def device_type() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def build_mesh(layout: Layout, device: str | None = None) -> DeviceMesh:
+    """The job's 3-D mesh; rank = (pp * dp_size + dp) * tp_size + tp."""
+    return init_device_mesh(device or device_type(), (layout.pp, layout.dp, layout.tp), mesh_dim_names=AXES)
+
+
+def coords(mesh: DeviceMesh) -> tuple[int, int, int]:
+    """This rank's (pp, dp, tp) coordinates."""
+    return tuple(mesh.get_local_rank(a) for a in AXES)  # type: ignore[return-value]
+
+
+def tp_plan(model: GPT) -> dict[str, object]:
+    """Megatron-style plan: column-parallel qkv/fc1 (heads split), row-parallel proj/fc2, vocab-parallel
+    embedding and head (the logits are gathered, so the loss is the ordinary cross-entropy)."""
+    plan: dict[str, object] = {}
+    if model.tok_emb is not None:
+        plan["tok_emb"] = RowwiseParallel(input_layouts=Replicate())
+    for key in model.blocks:
+        plan[f"blocks.{key}.attn.qkv"] = ColwiseParallel()
+        plan[f"blocks.{key}.attn.proj"] = RowwiseParallel()
+        plan[f"blocks.{key}.mlp.fc1"] = ColwiseParallel()
+        plan[f"blocks.{key}.mlp.fc2"] = RowwiseParallel()
+    if model.head is not None:
+        plan["head"] = ColwiseParallel(output_layouts=Replicate())
+    return plan
+
+
+def build_model(
+    cfg: GPTConfig, layout: Layout, mesh: DeviceMesh, seed: int, device: torch.device | None = None
+) -> GPT:
+    """The full model from `seed`, cut to this rank's pipeline stage, tp-sharded, and FSDP-wrapped."""
+    layout.check(cfg, mesh.size())
+    stage, _, _ = coords(mesh)
+    device = device or torch.device(mesh.device_type)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = GPT(cfg)
+    model.keep_stage(layout.pp, stage).to(device)
+    if layout.tp > 1:
+        parallelize_module(model, mesh["tp"], tp_plan(model))
+    if layout.fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        dp_mesh = mesh["dp"]
+        for block in model.blocks.values():
+            fully_shard(block, mesh=dp_mesh)
+        fully_shard(model, mesh=dp_mesh)
+        # the loss is already divided by the global token count: reduce-scatter must sum, not average
+        for m in model.modules():
+            if hasattr(m, "set_gradient_divide_factor"):
+                m.set_gradient_divide_factor(1.0)
+                m.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
+    return model
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def allreduce_grads(model: nn.Module, group: dist.ProcessGroup) -> None:
+    """DDP-style: sum every gradient over the dp group, one flat buffer per dtype."""
+    grads = [local(p.grad) for p in model.parameters() if p.grad is not None]
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for g in grads:
+        by_dtype.setdefault(g.dtype, []).append(g)
+    for gs in by_dtype.values():
+        flat = torch.cat([g.reshape(-1) for g in gs])
+        dist.all_reduce(flat, group=group)
+        offset = 0
+        for g in gs:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+
+def sq_norm_share(model: nn.Module, layout: Layout) -> torch.Tensor:
+    """This rank's share of the squared global gradient norm (float64), such that summing the shares over
+    the whole world gives the norm once: a piece held by k ranks contributes 1/k on each of them."""
+    holders = layout.dp * layout.tp  # the ranks of one pipeline stage
+    total = torch.zeros((), dtype=torch.float64)
+    for p in model.parameters():
+        if p.grad is None:
+            continue
+        pieces = 1
+        if isinstance(p.grad, DTensor):
+            for size, place in zip(p.grad.device_mesh.shape, p.grad.placements):
+                if not (place.is_replicate() or place.is_partial()):  # Shard, _StridedShard (FSDP+tp)
+                    pieces *= size
+        sq = local(p.grad).detach().double().pow(2).sum().cpu()
+        total += sq * pieces / holders
+    return total
+
+
+def scale_grads(model: nn.Module, factor: float) -> None:
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                local(p.grad).mul_(factor)

@@ -1,0 +1,284 @@
+"""The per-rank training loop: `Trainer(cfg)` in every rank of an initialised process group.
+
+Use it three ways: `tenplex train` (spawns local ranks through `launch.py`), `torchrun --nproc-per-node N -m
+tenplex.train.worker --dp .. --tp .. --pp ..`, or programmatically: call `run_worker(TrainConfig(...))` in
+every rank (it initialises the default group from the torchrun environment variables when needed), or
+build a `Trainer` and drive `train_step()`, `state_dict()` and `load_state_dict()` yourself (as the
+runtime does).
+
+Loss arithmetic: every micro-batch's loss is the *sum* of its token losses divided by the token count of
+the whole global batch, gradients are summed over micro-batches and over dp (all-reduce or FSDP
+reduce-scatter with divide factor 1), so the gradient is the global-batch mean whatever the layout and
+however unevenly the global batch splits over dp.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..data import Corpus, ElasticSampler, TokenWindows, build_corpus
+from ..ptc import GPTConfig, preset
+from .metrics import MetricsWriter, StepMetrics
+from .optim import build_optimizer, build_scheduler
+from .parallel import Layout, LayoutError, allreduce_grads, build_mesh, build_model, coords, scale_grads
+from .parallel import sq_norm_share as _sq_norm_share
+from .state import job_state, load_job_state
+
+
+@dataclass
+class TrainConfig:
+    """Everything a rank needs; plain values so it pickles to spawned ranks and prints as JSON."""
+
+    model: str = "tiny"
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    fsdp: bool = False
+    steps: int = 50
+    global_batch: int = 8
+    micro_batch: int = 0  # 0: auto (one per rank, or pp micro-batches per rank with pipelining)
+    seed: int = 0
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 10
+    total_steps: int = 0  # horizon of the cosine schedule; 0: steps
+    weight_decay: float = 0.1
+    clip: float = 1.0
+    schedule: str = "1f1b"  # pipelining schedule: gpipe or 1f1b
+    corpus: str | None = None  # a built corpus directory; None: build from `sources`
+    sources: list[str] = field(default_factory=list)  # files/dirs; empty: the stdlib
+    split: str = "train"
+    metrics: str | None = None  # JSON-lines path, written by rank 0
+    device: str = "auto"  # auto, cpu or cuda
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.dp, self.tp, self.pp, self.fsdp)
+
+    def gpt(self) -> GPTConfig:
+        return preset(self.model)
+
+
+def _device(kind: str) -> torch.device:
+    if kind == "auto":
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    if kind == "cuda":
+        idx = int(os.environ.get("LOCAL_RANK", dist.get_rank() % max(1, torch.cuda.device_count())))
+        torch.cuda.set_device(idx)
+        return torch.device("cuda", idx)
+    return torch.device("cpu")
+
+
+def open_corpus(cfg: TrainConfig) -> Corpus:
+    """The configured corpus; when it must be built, rank 0 builds and the others then hit the cache."""
+    if cfg.corpus:
+        return Corpus(Path(cfg.corpus))
+    if dist.is_initialized() and dist.get_rank() != 0:
+        dist.barrier()
+        return build_corpus(cfg.sources or None)
+    corpus = build_corpus(cfg.sources or None)
+    if dist.is_initialized():
+        dist.barrier()
+    return corpus
+
+
+class Trainer:
+    """One rank of a (dp, tp, pp) GPT job: model stage, optimizer, LR schedule, sampler, step."""
+
+    def __init__(self, cfg: TrainConfig, corpus: Corpus | None = None) -> None:
+        self.cfg, self.gpt, self.layout = cfg, cfg.gpt(), cfg.layout
+        self.layout.check(self.gpt, dist.get_world_size())
+        if cfg.schedule not in ("gpipe", "1f1b"):
+            raise LayoutError(f"unknown pipeline schedule {cfg.schedule!r} (gpipe or 1f1b)")
+        self.device = _device(cfg.device)
+        self.mesh = build_mesh(self.layout, self.device.type)
+        self.pp_rank, self.dp_rank, self.tp_rank = coords(self.mesh)
+        self.model = build_model(self.gpt, self.layout, self.mesh, cfg.seed, self.device)
+        self.optimizer = build_optimizer(self.model, cfg.lr, cfg.weight_decay)
+        self.scheduler = build_scheduler(
+            self.optimizer, cfg.warmup, cfg.total_steps or cfg.steps, cfg.min_lr_ratio
+        )
+        self.windows = TokenWindows((corpus or open_corpus(cfg)).tokens(cfg.split), self.gpt.seq)
+        self.sampler = ElasticSampler(len(self.windows), cfg.global_batch, cfg.seed)
+        part = -(-cfg.global_batch // self.layout.dp)
+        self.micro_batch = cfg.micro_batch or -(-part // self.layout.pp)
+        self.n_micro = self.sampler.micro_batches_per_rank(self.layout.dp, self.micro_batch)
+        self.tokens_per_batch = cfg.global_batch * self.gpt.seq
+        self.step = 0
+        self.schedule = self._pipeline() if self.layout.pp > 1 else None
+
+    # -- pieces ------------------------------------------------------------------------------------------
+    def loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Summed token losses over the global batch's token count: partial sums add up to the mean."""
+        ce = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), reduction="sum"
+        )
+        return ce / self.tokens_per_batch
+
+    def _pipeline(self) -> Any:
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+        part = len(self.sampler.rank_ids(self.layout.dp, self.dp_rank))
+        if part % self.n_micro:
+            raise LayoutError(
+                f"pipelining needs equal micro-batches: dp rank {self.dp_rank}'s {part} samples do not split "
+                f"into {self.n_micro}; choose a global batch / micro-batch that divide evenly"
+            )
+        stage = PipelineStage(
+            self.model, self.pp_rank, self.layout.pp, self.device, group=self.mesh["pp"].get_group()
+        )
+        kind = Schedule1F1B if self.cfg.schedule == "1f1b" else ScheduleGPipe
+        return kind(stage, n_microbatches=self.n_micro, loss_fn=self.loss_fn, scale_grads=False)
+
+    def _batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = np.concatenate(self.sampler.micro_batch_ids(self.layout.dp, self.dp_rank, self.micro_batch))
+        batch = torch.from_numpy(self.windows.get(ids)).to(self.device)
+        return batch[:, :-1], batch[:, 1:]
+
+    def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """This rank's summed loss share (zero where the rank does not compute the loss)."""
+        loss = torch.zeros((), device=self.device)
+        if self.schedule is None:
+            for k, (xs, ys) in enumerate(zip(x.tensor_split(self.n_micro), y.tensor_split(self.n_micro))):
+                if self.layout.fsdp:
+                    self.model.set_requires_gradient_sync(k == self.n_micro - 1)
+                micro = self.loss_fn(self.model(xs), ys)
+                micro.backward()
+                loss += micro.detach()
+            return loss
+        if self.pp_rank == 0:
+            self.schedule.step(x)
+        elif self.pp_rank == self.layout.pp - 1:
+            losses: list[torch.Tensor] = []
+            self.schedule.step(target=y, losses=losses)
+            loss = torch.stack([t.detach() for t in losses]).sum()
+        else:
+            self.schedule.step()
+        return loss
+
+    # -- the step ------------------------------------------------------------------------------------------
+    def train_step(self) -> StepMetrics:
+        t0 = time.perf_counter()
+        x, y = self._batch()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self._forward_backward(x, y)
+        if not self.layout.fsdp and self.layout.dp > 1:
+            allreduce_grads(self.model, self.mesh["dp"].get_group())
+        owns_loss = self.pp_rank == self.layout.pp - 1 and self.tp_rank == 0
+        shares = torch.stack([_sq_norm_share(self.model, self.layout), loss.double().cpu() * owns_loss])
+        shares = shares.to(self.device)
+        dist.all_reduce(shares)
+        sq_norm, global_loss = shares.tolist()
+        norm = sq_norm**0.5
+        if self.cfg.clip > 0 and norm > self.cfg.clip:
+            scale_grads(self.model, self.cfg.clip / (norm + 1e-6))
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.sampler.advance()
+        self.step += 1
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        return StepMetrics(
+            self.step,
+            global_loss,
+            lr,
+            norm,
+            self.tokens_per_batch,
+            time.perf_counter() - t0,
+            str(self.layout),
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return job_state(self.model, self.optimizer, self.scheduler, self.sampler, self.step)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = load_job_state(self.model, self.optimizer, self.scheduler, self.sampler, state)
+
+
+def init_distributed(device: str = "auto") -> None:
+    """Initialise the default group from the torchrun-style environment, if not done yet."""
+    if dist.is_initialized():
+        return
+    cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=10))
+
+
+def run_worker(cfg: TrainConfig, on_step: Callable[[StepMetrics], None] | None = None) -> list[StepMetrics]:
+    """Train `cfg.steps` steps in this rank; rank 0 writes `cfg.metrics` and calls `on_step`."""
+    init_distributed(cfg.device)
+    trainer = Trainer(cfg)
+    writer = MetricsWriter(cfg.metrics) if cfg.metrics and dist.get_rank() == 0 else None
+    out = []
+    try:
+        while trainer.step < cfg.steps:
+            m = trainer.train_step()
+            out.append(m)
+            if dist.get_rank() == 0:
+                if writer:
+                    writer.write(m)
+                if on_step:
+                    on_step(m)
+    finally:
+        if writer:
+            writer.close()
+    return out
+
+
+def add_train_args(p: argparse.ArgumentParser) -> None:
+    """The flags of `tenplex train` and of `python -m tenplex.train.worker` (one definition for both)."""
+    d = TrainConfig()
+    p.add_argument("--model", default=d.model, help="preset name (tiny, small, base, medium, gpt3-...)")
+    for name in ("dp", "tp", "pp"):
+        p.add_argument(f"--{name}", type=int, default=1, help=f"{name} size")
+    p.add_argument("--fsdp", action="store_true", help="shard parameters and optimizer state over dp (FSDP2)")
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--global-batch", type=int, default=d.global_batch, help="samples per optimizer step")
+    p.add_argument("--micro-batch", type=int, default=d.micro_batch, help="samples per micro-batch (0: auto)")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--warmup", type=int, default=d.warmup)
+    p.add_argument("--total-steps", type=int, default=d.total_steps, help="cosine horizon (0: --steps)")
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--clip", type=float, default=d.clip, help="gradient-norm clip (0: off)")
+    p.add_argument("--schedule", choices=("gpipe", "1f1b"), default=d.schedule)
+    p.add_argument("--corpus", default=None, help="a built corpus directory")
+    p.add_argument("--source", dest="sources", action="append", default=[], help="text file/dir (repeat)")
+    p.add_argument("--metrics", default=None, help="JSON-lines output, one object per step")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    names = set(TrainConfig.__dataclass_fields__)
+    return TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """torchrun entry point: `torchrun --nproc-per-node 4 -m tenplex.train.worker --dp 2 --tp 2`."""
+    p = argparse.ArgumentParser(prog="python -m tenplex.train.worker")
+    add_train_args(p)
+    cfg = config_from_args(p.parse_args(argv))
+
+    def show(m: StepMetrics) -> None:
+        print(m.to_json(), flush=True)
+
+    run_worker(cfg, on_step=show)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -35,6 +35,7 @@ from .errors import (
 from .keys import (
     NUMPY_DTYPE,
     check_dtype,
+    check_inside,
     check_job,
     check_name,
     check_out,
@@ -247,7 +248,7 @@ class StoreClient:
         """Store `array` (C order) as blob `name` of the uncommitted version `step`; `dtype` names the
         tenplex dtype when numpy has none (bfloat16 passed as a 2-byte integer array)."""
         dt = dtype_name_of(array, dtype)
-        src = np.ascontiguousarray(array)
+        src = array if array.flags.c_contiguous else array.copy(order="C")
         if self.is_local:
             dst = self.allocate_blob(job, step, name, dt, src.shape)
             flat_src, flat_dst = as_bytes(src), as_bytes(dst)
@@ -332,6 +333,7 @@ class StoreClient:
         )
 
     def _copy_local(self, info: dict[str, Any], box: Box, out: np.ndarray, what: str) -> None:
+        check_inside(box, tuple(info["shape"]))
         dst = check_out(out, info["dtype"], box)
         if info["chunk"] != CHUNK:
             raise StoreError(f"store uses {info['chunk']}-byte checksum chunks, this client {CHUNK}")

@@ -69,6 +69,10 @@ def check_box(data: object, shape: tuple[int, ...]) -> Box:
         box = Box.from_json(data)
     except PTCError as e:
         raise BadRequestError(str(e)) from None
+    return check_inside(box, shape)
+
+
+def check_inside(box: Box, shape: tuple[int, ...]) -> Box:
     if box.ndim != len(shape) or any(b > s for b, s in zip(box.stop, shape)):
         raise BadRequestError(f"box {box} does not fit a tensor of shape {list(shape)}")
     return box

@@ -1,0 +1,404 @@
+"""Tensor store: real daemons on free ports, real sockets, both client paths (shared memory and network)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tenplex.cli.main import main as cli_main
+from tenplex.ptc import ITEM_SIZE, Box
+from tenplex.store import (
+    BadRequestError,
+    ChecksumError,
+    ConflictError,
+    MemoryLimitError,
+    NotFoundError,
+    StoreClient,
+    read_many,
+    start_store,
+)
+from tenplex.store.keys import NUMPY_DTYPE
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def store():
+    sp = start_store(memory_limit="512MiB")
+    yield sp
+    assert sp.stop() == 0
+    assert not os.path.exists(sp.shm_dir)
+
+
+@pytest.fixture(params=[True, False], ids=["shm", "net"])
+def client(request, store) -> StoreClient:
+    c = store.client(local=request.param)
+    assert c.is_local is request.param
+    return c
+
+
+def sample(dtype: str, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if dtype == "bool":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    return rng.integers(0, 120, size=shape).astype(NUMPY_DTYPE[dtype])
+
+
+def job_name(request) -> str:
+    return "j-" + "".join(ch if ch.isalnum() else "-" for ch in request.node.name)[:100]
+
+
+@pytest.mark.parametrize("dtype", sorted(ITEM_SIZE))
+def test_every_dtype_roundtrip(client, dtype, request):
+    job = job_name(request)
+    shapes = {"m": (7, 5), "s": (), "e": (0, 3), "v": (1000,)}
+    arrays = {k: sample(dtype, s, i) for i, (k, s) in enumerate(shapes.items())}
+    client.create_version(job, 1)
+    for name, a in arrays.items():
+        client.write_blob(job, 1, f"r0/{name}", a, dtype=dtype)
+    client.commit(job, 1, {"dtype": dtype})
+    for b in client.blobs(job, 1):
+        assert b["dtype"] == dtype and tuple(b["shape"]) == shapes[b["name"][3:]]
+    for name, a in arrays.items():
+        out = np.empty(a.shape, dtype=NUMPY_DTYPE[dtype])
+        client.read_box(job, 1, f"r0/{name}", Box.full(a.shape), out)
+        np.testing.assert_array_equal(out, a)
+    client.delete_job(job)
+
+
+def test_bfloat16_accepts_two_byte_buffers_but_not_others(client, request):
+    job = job_name(request)
+    a = np.arange(12, dtype=np.uint16).reshape(3, 4)
+    client.write_blob(job, 0, "w", a, dtype="bfloat16")
+    client.commit(job, 0, None)
+    out = np.empty((3, 2), dtype=np.int16)
+    client.read_box(job, 0, "w", Box((0, 2), (3, 4)), out)
+    np.testing.assert_array_equal(out, a[:, 2:].astype(np.int16))
+    with pytest.raises(BadRequestError):
+        client.read_box(job, 0, "w", Box((0, 0), (3, 2)), np.empty((3, 2), np.float32))
+    with pytest.raises(BadRequestError):
+        client.write_blob(job, 1, "w", a, dtype="float32")
+    client.delete_job(job)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_box_reads_match_numpy_slicing(store, data):
+    shape = tuple(data.draw(st.lists(st.integers(1, 9), min_size=1, max_size=4)))
+    box = Box.from_slices(
+        [data.draw(st.tuples(st.integers(0, n), st.integers(0, n)).map(sorted)) for n in shape]
+    )
+    local = data.draw(st.booleans())
+    c = store.client(local=local)
+    a = sample("int32", shape, 1)
+    c.write_blob("hyp", 0, "a", a)
+    c.commit("hyp", 0, None)
+    out = np.full(box.shape, -1, dtype=np.int32)
+    c.read_box("hyp", 0, "a", box, out)
+    np.testing.assert_array_equal(out, a[box.slices()])
+    c.delete_version("hyp", 0)
+
+
+def test_edges_empty_boxes_and_out_of_range(client, request):
+    job = job_name(request)
+    a = sample("float32", (16, 8), 2)
+    client.write_blob(job, 3, "w", a)
+    client.commit(job, 3, None)
+    for box in [Box((15, 7), (16, 8)), Box((0, 0), (16, 1)), Box((16, 8), (16, 8)), Box((4, 2), (4, 6))]:
+        out = np.empty(box.shape, np.float32)
+        client.read_box(job, 3, "w", box, out)
+        np.testing.assert_array_equal(out, a[box.slices()])
+    for box in [Box((0, 0), (17, 8)), Box((0,), (4,)), Box((0, 0, 0), (1, 1, 1))]:
+        with pytest.raises(BadRequestError):
+            client.read_box(job, 3, "w", box, np.empty(box.shape, np.float32))
+    with pytest.raises(BadRequestError):  # out does not match the box
+        client.read_box(job, 3, "w", Box((0, 0), (2, 2)), np.empty((2, 3), np.float32))
+    with pytest.raises(NotFoundError):
+        client.read_box(job, 3, "nope", Box((0,), (1,)), np.empty(1, np.float32))
+    client.delete_job(job)
+
+
+def test_large_strided_boxes_use_slabs(client, request):
+    """Boxes larger than the daemon's reusable buffer, with rows larger than it, still come out right."""
+    job = job_name(request)
+    a = sample("uint8", (2, 9 << 20), 3)
+    b = sample("float32", (1024, 1536), 4)
+    client.write_blob(job, 0, "a", a)
+    client.write_blob(job, 0, "b", b)
+    client.commit(job, 0, None)
+    for name, arr, box in [("a", a, Box((0, 1), (2, 9 << 20))), ("b", b, Box((3, 100), (1021, 1500)))]:
+        out = np.empty(box.shape, arr.dtype)
+        client.read_box(job, 0, name, box, out)
+        np.testing.assert_array_equal(out, arr[box.slices()])
+    client.delete_job(job)
+
+
+def test_multi_box_reads_and_read_many(store, request):
+    job = job_name(request)
+    other = start_store(memory_limit="64MiB")
+    try:
+        clients = [store.client(local=False), other.client(local=False), store.client(local=True)]
+        arrays = {f"r{i}/t": sample("float64", (20, 30), i) for i in range(4)}
+        for c in clients[:2]:
+            for name, a in arrays.items():
+                c.write_blob(job, 5, name, a)
+            c.commit(job, 5, {})
+        boxes = [
+            (name, Box((i, j), (i + 3, j + 7))) for name in arrays for i in range(0, 17, 4) for j in (0, 23)
+        ]
+        for c in clients:
+            outs = [np.empty(b.shape) for _, b in boxes]
+            c.read_boxes(job, 5, [(n, b, o) for (n, b), o in zip(boxes, outs)])
+            for (n, b), o in zip(boxes, outs):
+                np.testing.assert_array_equal(o, arrays[n][b.slices()])
+        reqs, expect = [], []
+        for k in range(300):
+            c = clients[k % 3]
+            n, b = boxes[k % len(boxes)]
+            reqs.append((c, job, 5, n, b, np.empty(b.shape)))
+            expect.append(arrays[n][b.slices()])
+        read_many(reqs, concurrency=4)
+        for r, e in zip(reqs, expect):
+            np.testing.assert_array_equal(r[5], e)
+        with pytest.raises(NotFoundError):
+            read_many([(clients[0], job, 6, "r0/t", Box((0, 0), (1, 1)), np.empty((1, 1)))])
+    finally:
+        other.stop()
+        store.client().delete_job(job)
+
+
+def test_versions_commit_retain_delete(client, request):
+    job = job_name(request)
+    assert client.versions(job) == [] and client.latest(job) is None
+    for step in (10, 20, 30, 40):
+        client.create_version(job, step)
+        client.create_version(job, step)  # idempotent
+        client.write_blob(job, step, "x", np.full(4, step, np.int64))
+        assert step not in client.versions(job)  # invisible until committed
+        with pytest.raises(NotFoundError):
+            client.manifest(job, step)
+        client.commit(job, step, {"step": step})
+        client.commit(job, step, {"step": step})  # idempotent
+    client.create_version(job, 5)  # an old pending version (a crashed save)
+    with pytest.raises(ConflictError):
+        client.write_blob(job, 20, "y", np.zeros(2))
+    assert client.versions(job) == [10, 20, 30, 40] and client.latest(job) == 40
+    assert client.manifest(job, 30) == {"step": 30}
+    assert job in client.jobs()
+    assert client.retain(job, keep=2) == [5, 10, 20]
+    assert client.versions(job) == [30, 40]
+    client.delete_version(job, 40)
+    assert client.latest(job) == 30
+    with pytest.raises(NotFoundError):
+        client.delete_version(job, 40)
+    client.delete_job(job)
+    assert job not in client.jobs()
+    with pytest.raises(NotFoundError):
+        client.delete_job(job)
+
+
+def test_atomic_commit_under_concurrent_readers(store, request):
+    """Readers polling `latest` always find a complete version: all blobs there, all bytes of that step."""
+    job = job_name(request)
+    writer = store.client(local=True)
+    failures: list[str] = []
+    seen: set[int] = set()
+    done = threading.Event()
+
+    def reader(local: bool) -> None:
+        c = store.client(local=local)
+        while not done.is_set():
+            step = c.latest(job)
+            if step is None:
+                continue
+            outs = [np.empty((64, 64), np.int32) for _ in range(3)]
+            try:
+                c.read_boxes(job, step, [(f"b{i}", Box.full((64, 64)), o) for i, o in enumerate(outs)])
+            except NotFoundError:  # retained away meanwhile
+                continue
+            if any((o != step).any() for o in outs):
+                failures.append(f"torn read of step {step}")
+            seen.add(step)
+
+    threads = [threading.Thread(target=reader, args=(loc,)) for loc in (True, False, True)]
+    for t in threads:
+        t.start()
+    for step in range(1, 40):
+        for i in range(3):
+            writer.write_blob(job, step, f"b{i}", np.full((64, 64), step, np.int32))
+            time.sleep(0.001)
+        writer.commit(job, step, None)
+        writer.retain(job, keep=3)
+    done.set()
+    for t in threads:
+        t.join()
+    assert not failures
+    assert len(seen) > 3
+    writer.delete_job(job)
+
+
+WRITER = """
+import os, sys, numpy as np
+from tenplex.store import StoreClient
+c = StoreClient(sys.argv[1], local=sys.argv[2] == "1")
+c.write_blob("crash", 7, "r0/done", np.ones(1000, np.float32))
+if sys.argv[2] == "1":
+    a = c.allocate_blob("crash", 7, "r0/half", "float32", (1000,))
+    a[:500] = 1
+else:  # a PUT whose body stops halfway
+    import socket
+    s = socket.create_connection((c.host, c.port))
+    s.sendall(b"PUT /v1/jobs/crash/versions/7/blobs/r0%2Fhalf?dtype=float32&shape=1000 HTTP/1.1\\r\\n"
+              b"Content-Length: 4000\\r\\n\\r\\n" + b"\\0" * 2000)
+os._exit(9)
+"""
+
+
+@pytest.mark.parametrize("local", [True, False], ids=["shm", "net"])
+def test_writer_crash_mid_blob_leaves_version_invisible(store, local):
+    c = store.client(local=local)
+    used = c.stats()["memory_used"]
+    proc = subprocess.run([sys.executable, "-c", WRITER, store.url, "1" if local else "0"], timeout=60)
+    assert proc.returncode == 9
+    assert 7 not in c.versions("crash")
+    with pytest.raises(NotFoundError):
+        c.read_box("crash", 7, "r0/done", Box((0,), (1,)), np.empty(1, np.float32))
+    if local:
+        with pytest.raises(ConflictError, match="not sealed"):
+            c.commit("crash", 7, None)
+    else:
+        deadline = time.time() + 10  # the daemon notices the truncated body and frees its memory
+        while c.stats()["memory_used"] != used + 4000 and time.time() < deadline:
+            time.sleep(0.05)
+        assert c.stats()["memory_used"] == used + 4000
+    # a restarted writer redoes the version and commits it
+    c.write_blob("crash", 7, "r0/half", np.full(1000, 2, np.float32))
+    c.commit("crash", 7, None)
+    out = np.empty(1000, np.float32)
+    c.read_box("crash", 7, "r0/half", Box((0,), (1000,)), out)
+    assert (out == 2).all()
+    c.delete_job("crash")
+    assert c.stats()["memory_used"] == used
+
+
+def test_checksum_mismatch_is_detected_not_loaded(store, request):
+    job = job_name(request)
+    c = store.client(local=True)
+    a = sample("uint8", (3 << 20,), 5)
+    c.write_blob(job, 1, "w", a)
+    c.commit(job, 1, None)
+    path = c.request("POST", f"/v1/jobs/{job}/versions/1/locate", {"names": ["w"]})["blobs"][0]["path"]
+    assert os.path.basename(path).startswith("b")  # generated file name, never the blob name
+    with open(path, "r+b") as f:  # flip one byte in the second 1 MiB chunk
+        f.seek((1 << 20) + 12345)
+        byte = f.read(1)
+        f.seek((1 << 20) + 12345)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    for local in (True, False):
+        cl = store.client(local=local)
+        out = np.zeros(3 << 20, np.uint8)
+        with pytest.raises(ChecksumError, match="corrupted"):
+            cl.read_box(job, 1, "w", Box((0,), (3 << 20,)), out)
+        with pytest.raises(ChecksumError):
+            cl.read_box(
+                job, 1, "w", Box(((1 << 20) + 12000,), ((1 << 20) + 13000,)), np.empty(1000, np.uint8)
+            )
+        part = np.empty(1000, np.uint8)  # a box in an intact chunk still reads
+        cl.read_box(job, 1, "w", Box((10,), (1010,)), part)
+        np.testing.assert_array_equal(part, a[10:1010])
+        assert cl.health()["ok"]
+    c.delete_job(job)
+
+
+def test_allocate_and_seal(store, request):
+    job = job_name(request)
+    c = store.client(local=True)
+    a = c.allocate_blob(job, 2, "r1/w", "float32", (128, 64))
+    a[:] = np.arange(128 * 64, dtype=np.float32).reshape(128, 64)
+    with pytest.raises(ConflictError):
+        c.commit(job, 2, None)
+    c.seal_blob(job, 2, "r1/w")
+    c.commit(job, 2, None)
+    out = np.empty((2, 64), np.float32)
+    store.client(local=False).read_box(job, 2, "r1/w", Box((5, 0), (7, 64)), out)
+    np.testing.assert_array_equal(out, a[5:7])
+    with pytest.raises(ConflictError):
+        store.client(local=False).allocate_blob(job, 3, "x", "float32", (1,))
+    c.delete_job(job)
+
+
+def test_memory_limit_refuses_writes_and_keeps_committed_data():
+    with start_store(memory_limit="1MiB") as sp:
+        for local in (True, False):
+            c = sp.client(local=local)
+            a = np.ones(600 << 10, np.uint8)
+            c.write_blob("m", 1, "a", a)
+            c.commit("m", 1, None)
+            with pytest.raises(MemoryLimitError, match="memory limit"):
+                c.write_blob("m", 2, "a", a)
+            out = np.empty_like(a)
+            c.read_box("m", 1, "a", Box.full(a.shape), out)
+            assert (out == 1).all()
+            assert c.stats()["memory_used"] == a.nbytes
+            c.delete_version("m", 1)
+            c.write_blob("m", 2, "a", a)  # room again
+            c.delete_job("m")
+            assert c.stats()["memory_used"] == 0
+
+
+def test_relay_fetches_remote_bytes_once(request):
+    job = job_name(request)
+    with start_store(memory_limit="64MiB") as remote, start_store(memory_limit="64MiB") as here:
+        rc = remote.client(local=False)
+        a = sample("float32", (256, 1024), 6)
+        rc.write_blob(job, 4, "w", a)
+        rc.commit(job, 4, None)
+        sent = rc.stats()["bytes_out"]
+        box = Box((10, 0), (200, 512))
+        outs: list[np.ndarray] = []
+
+        def rank(local: bool) -> None:
+            out = np.empty(box.shape, np.float32)
+            here.client(local=local).fetch_remote(remote.url, job, 4, "w", box, out)
+            outs.append(out)
+
+        threads = [threading.Thread(target=rank, args=(i % 2 == 0,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(outs) == 4
+        for o in outs:
+            np.testing.assert_array_equal(o, a[box.slices()])
+        crossed = rc.stats()["bytes_out"] - sent
+        assert box.volume * 4 <= crossed < box.volume * 4 + 4096  # once, not four times
+        whole = np.empty(a.shape, np.float32)
+        here.client().fetch_remote(remote.url, job, 4, "w", None, whole)
+        np.testing.assert_array_equal(whole, a)
+        hc = here.client()
+        assert hc.stats()["relay_blobs"] == 2
+        assert hc.drop_relay(job, 4) == 2
+        assert hc.stats()["memory_used"] == 0
+        with pytest.raises(NotFoundError):
+            hc.fetch_remote(remote.url, job, 5, "w", None, whole)
+
+
+def test_store_ls_cli(store, capsys, request):
+    job = job_name(request)
+    c = store.client()
+    c.write_blob(job, 9, "r0/emb", np.zeros((4, 4), np.float16))
+    c.commit(job, 9, None)
+    assert cli_main(["store", "ls", "--store", store.url]) == 0
+    assert job in capsys.readouterr().out
+    assert cli_main(["store", "ls", "--store", store.url, "--blobs"]) == 0
+    assert "r0/emb" in capsys.readouterr().out
+    assert cli_main(["store", "ls", "--store", "http://127.0.0.1:1"]) == 2
+    c.delete_job(job)

@@ -77,7 +77,10 @@ class Request:
         return check_step(self.params["step"])
 
     def name(self) -> str:
-        return check_name(unquote(self.params["name"], errors="strict"))
+        try:
+            return check_name(unquote(self.params["name"], errors="strict"))
+        except UnicodeDecodeError:
+            raise BadRequestError("blob name is not UTF-8") from None
 
 
 Handler = Callable[["Daemon", Request], Any]

@@ -1,0 +1,224 @@
+"""Tensor store hardening: bad input over raw sockets, tokens, SIGTERM cleanup, replication and failover."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+
+import numpy as np
+import pytest
+
+from tenplex.ptc import Box
+from tenplex.store import AuthError, NotFoundError, StoreClient, StoreUnavailable, start_store
+
+pytestmark = pytest.mark.timeout(120)
+KNOWN = np.arange(100, dtype=np.float32).reshape(10, 10)
+
+
+@pytest.fixture(scope="module")
+def store():
+    sp = start_store(memory_limit="64MiB")
+    c = sp.client(local=False)
+    c.write_blob("known", 1, "r0/w", KNOWN)
+    c.commit("known", 1, {"ok": True})
+    yield sp
+    assert sp.stop() == 0
+
+
+def raw(url: str, data: bytes, shut: bool = True) -> tuple[int, dict]:
+    """Send raw bytes, return (status, JSON error body) of the answer."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(data)
+        if shut:
+            s.shutdown(socket.SHUT_WR)
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+        head, _, body = buf.partition(b"\r\n\r\n")
+        status = int(head.split(b" ")[1])
+        length = int(
+            next(h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
+        )
+        while len(body) < length:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            body += chunk
+        return status, json.loads(body[:length])
+
+
+def still_fine(sp) -> None:
+    for local in (True, False):
+        out = np.empty((2, 10), np.float32)
+        sp.client(local=local).read_box("known", 1, "r0/w", Box((3, 0), (5, 10)), out)
+        np.testing.assert_array_equal(out, KNOWN[3:5])
+
+
+def req(method: str, path: str, body: bytes = b"", extra: str = "") -> bytes:
+    return (
+        f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode() + body
+    )
+
+
+BOX = json.dumps
+V = "/v1/jobs/known/versions/1"
+BAD = [
+    ("garbage", b"\x00\xff garbage \x01\r\n\r\n", 400),
+    ("bad request line", b"GET\r\n\r\n", 400),
+    ("not http", b"GET / FTP/1.0\r\n\r\n", 400),
+    ("bad header", b"GET /v1/health HTTP/1.1\r\nno colon here\r\n\r\n", 400),
+    ("huge header", b"GET /v1/health HTTP/1.1\r\nX: " + b"a" * (40 << 10) + b"\r\n\r\n", 413),
+    ("too many headers", b"GET /v1/health HTTP/1.1\r\n" + b"X: 1\r\n" * 100 + b"\r\n", 413),
+    ("bad length", b"GET /v1/health HTTP/1.1\r\nContent-Length: -5\r\n\r\n", 400),
+    ("chunked", b"POST /v1/jobs/a/versions/1 HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400),
+    ("unknown endpoint", req("GET", "/etc/passwd"), 404),
+    ("wrong method", req("PATCH", "/v1/jobs"), 400),
+    ("bad job", req("POST", "/v1/jobs/..%2F..%2Fetc/versions/1"), 400),
+    ("job with space", req("POST", "/v1/jobs/a%20b/versions/1"), 400),
+    ("bad step", req("POST", "/v1/jobs/a/versions/-1"), 400),
+    ("huge step", req("POST", "/v1/jobs/a/versions/99999999999999999999999"), 400),
+    ("unknown job", req("GET", "/v1/jobs/nojob/versions/1/manifest"), 404),
+    ("unknown version", req("GET", "/v1/jobs/known/versions/2/blobs"), 404),
+    ("NUL in name", req("GET", V + "/blobs/a%00b"), 400),
+    ("long name", req("GET", V + "/blobs/" + "a" * 2000), 400),
+    ("bad utf8 name", req("GET", V + "/blobs/%ff%fe"), 400),
+    ("not json", req("POST", V + "/read", b"{nope"), 400),
+    ("json not object", req("POST", V + "/read", b"[1,2]"), 400),
+    ("boxes missing", req("POST", V + "/read", b"{}"), 400),
+    ("box wrong rank", req("POST", V + "/read", BOX({"boxes": [{"name": "r0/w", "box": [[0, 1]]}]}).encode()), 400),
+    ("box out of range", req("POST", V + "/read", BOX({"boxes": [{"name": "r0/w", "box": [[0, 11], [0, 1]]}]}).encode()), 400),
+    ("box reversed", req("POST", V + "/read", BOX({"boxes": [{"name": "r0/w", "box": [[5, 1], [0, 1]]}]}).encode()), 400),
+    ("box floats", req("POST", V + "/read", BOX({"boxes": [{"name": "r0/w", "box": [[0.5, 1], [0, 1]]}]}).encode()), 400),
+    ("box garbage", req("POST", V + "/read", BOX({"boxes": [{"name": "r0/w", "box": "all"}]}).encode()), 400),
+    ("too many boxes", req("POST", V + "/read", BOX({"boxes": [{"name": "r0/w", "box": None}] * 5000}).encode()), 413),
+    ("unknown blob", req("POST", V + "/read", BOX({"boxes": [{"name": "zz", "box": None}]}).encode()), 404),
+    ("bad dtype", req("PUT", "/v1/jobs/b/versions/1/blobs/x?dtype=complex64&shape=1", b"12345678"), 400),
+    ("bad shape", req("PUT", "/v1/jobs/b/versions/1/blobs/x?dtype=int8&shape=a,b", b"1"), 400),
+    ("negative shape", req("PUT", "/v1/jobs/b/versions/1/blobs/x?dtype=int8&shape=-1", b"1"), 400),
+    ("wrong body size", req("PUT", "/v1/jobs/b/versions/1/blobs/x?dtype=int8&shape=4", b"123"), 400),
+    ("write committed", req("PUT", V + "/blobs/new?dtype=int8&shape=1", b"1"), 409),
+    ("allocate bad dtype", req("POST", "/v1/jobs/b/versions/1/blobs/x/allocate", b'{"dtype":"x","shape":[1]}'), 400),
+    ("seal bad digests", req("POST", "/v1/jobs/b/versions/1/blobs/x/seal", b'{"digests":"x"}'), 404),
+    ("retain zero", req("POST", "/v1/jobs/known/retain", b'{"keep":0}'), 400),
+    ("body on GET", req("GET", "/v1/health", b"{}"), 400),
+    ("json too large", b"POST /v1/jobs/known/retain HTTP/1.1\r\nContent-Length: 999999999\r\n\r\n", 413),
+    ("relay bad peer", req("POST", "/v1/relay", b'{"peer":"ftp://x","job":"a","step":1,"name":"n"}'), 400),
+    ("peers bad", req("POST", "/v1/peers", b'{"peers":"x","replicas":1}'), 400),
+    ("truncated json", b"POST /v1/jobs/known/retain HTTP/1.1\r\nContent-Length: 100\r\n\r\n{", 400),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("data,status", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_input_gets_4xx_json_and_daemon_keeps_working(store, data, status):
+    got, body = raw(store.url, data)
+    assert got == status, body
+    assert isinstance(body.get("error"), str) and body.get("message")
+    still_fine(store)
+
+
+def test_truncated_blob_body_and_silent_clients(store):
+    c = store.client(local=False)
+    used = c.stats()["memory_used"]
+    host, port = store.url.removeprefix("http://").rsplit(":", 1)
+    for _ in range(3):  # connect and say nothing / half a PUT, then vanish
+        with socket.create_connection((host, int(port))) as s:
+            s.sendall(
+                req("PUT", "/v1/jobs/t/versions/1/blobs/x?dtype=uint8&shape=1000000", b"\0" * 1000)[:-10]
+            )
+        with socket.create_connection((host, int(port))):
+            pass
+    still_fine(store)
+    assert c.stats()["memory_used"] == used
+    assert 1 not in c.versions("t")
+
+
+def test_names_never_become_paths(store):
+    c = store.client(local=True)
+    evil = ["../../../../tmp/evil", "/etc/passwd", "a/../../b", "名前/テンソル", "x" * 1024]
+    for n in evil:
+        c.write_blob("paths", 1, n, np.ones(3, np.int8))
+    c.commit("paths", 1, None)
+    assert sorted(b["name"] for b in c.blobs("paths", 1)) == sorted(evil)
+    assert all(f.startswith("b") and f[1:].isdigit() for f in os.listdir(store.shm_dir))
+    assert not os.path.exists("/tmp/evil")
+    out = np.empty(3, np.int8)
+    c.read_box("paths", 1, "../../../../tmp/evil", Box((0,), (3,)), out)
+    assert (out == 1).all()
+    c.delete_job("paths")
+
+
+def test_token_required_off_loopback(tmp_path):
+    token_file = tmp_path / "sub" / "store.token"
+    with start_store(host="0.0.0.0", token_file=str(token_file)) as sp:
+        assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
+        token = token_file.read_text().strip()
+        assert len(token) >= 32
+        assert sp.client().health()["ok"]  # the helper read the token
+        for bad in (None, "", "wrong", token + "x"):
+            c = StoreClient(sp.url, token=bad or None, local=False)
+            c.token = bad
+            with pytest.raises(AuthError):
+                c.health()
+            with pytest.raises(AuthError):
+                c.write_blob("j", 1, "x", np.zeros(10))
+        status, body = raw(sp.url, req("GET", "/v1/jobs"))
+        assert status == 401 and body["error"] == "unauthorized"
+        good = StoreClient(sp.url, token=token, local=False)
+        good.write_blob("j", 1, "x", np.arange(10.0))
+        good.commit("j", 1, None)
+        assert good.versions("j") == [1]
+    with start_store(host="0.0.0.0", token_file=str(token_file)) as sp:  # the same token is reused
+        assert StoreClient(sp.url, token=token).jobs() == []
+
+
+def test_sigterm_releases_shared_memory():
+    sp = start_store(memory_limit="64MiB")
+    c = sp.client(local=True)
+    c.write_blob("j", 1, "a", np.ones(1 << 20, np.float32))
+    c.allocate_blob("j", 2, "b", "float32", (1000,))  # an unsealed one too
+    assert len(os.listdir(sp.shm_dir)) == 2
+    sp.proc.send_signal(signal.SIGTERM)
+    assert sp.proc.wait(10) == 0
+    assert not os.path.exists(sp.shm_dir)
+    sp.stop()
+
+
+def test_replication_and_reading_from_a_replica_after_the_primary_dies():
+    stores = [start_store(memory_limit="64MiB") for _ in range(3)]
+    try:
+        urls = [s.url for s in stores]
+        for s in stores:
+            assert s.client().set_peers(urls, replicas=1) == [urls[(urls.index(s.url) + 1) % 3]]
+        a = np.random.default_rng(0).standard_normal((300, 200)).astype(np.float32)
+        primary = stores[0].client(local=True)
+        primary.write_blob("rep", 3, "r0/w", a)
+        primary.write_blob("rep", 3, "r0/b", a[0])
+        info = primary.commit("rep", 3, {"m": 1}, wait_replicas=True)
+        assert info["committed"]
+        assert primary.version_info("rep")[0]["replication"] == "done"
+        for b in primary.blobs("rep", 3):
+            assert b["copies"] == [urls[0], urls[1]]
+        assert stores[2].client().versions("rep") == []  # only the next R=1 store in the ring
+        stores[0].kill()
+        with pytest.raises(StoreUnavailable):
+            StoreClient(urls[0], retries=1).health()
+        replica = stores[1].client(local=False)
+        assert replica.versions("rep") == [3]
+        assert replica.manifest("rep", 3) == {"m": 1}
+        out = np.empty((100, 50), np.float32)
+        replica.read_box("rep", 3, "r0/w", Box((100, 150), (200, 200)), out)
+        np.testing.assert_array_equal(out, a[100:200, 150:200])
+        assert replica.version_info("rep")[0]["replica_of"] == urls[0]
+        # a commit on the replica's own data replicates onward, not back
+        with pytest.raises(NotFoundError):
+            stores[2].client().manifest("rep", 3)
+    finally:
+        for s in stores:
+            s.stop()

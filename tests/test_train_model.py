@@ -1,0 +1,113 @@
+"""The model matches the symbolic PTC's names and shapes, stages keep global names, heads split cleanly."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tenplex.ptc import PTCError, preset, stage_layers  # noqa: E402
+from tenplex.ptc.gpt import param_shapes  # noqa: E402
+from tenplex.train.model import GPT  # noqa: E402
+from tenplex.train.optim import WarmupCosine, build_optimizer  # noqa: E402
+from tenplex.train.parallel import Layout, LayoutError, valid_layouts  # noqa: E402
+
+
+@pytest.mark.parametrize("name", ["tiny", "small"])
+@pytest.mark.parametrize("tied", [False, True])
+def test_names_and_shapes_are_the_ptc_ones(name: str, tied: bool) -> None:
+    cfg = replace(preset(name), tied=tied)
+    got = {k: tuple(v.shape) for k, v in GPT(cfg).state_dict().items()}
+    want = {fqn: shape for fqn, shape, _, _ in param_shapes(cfg)}
+    assert got == want
+    assert sum(p.numel() for p in GPT(cfg).parameters()) == cfg.param_count()
+
+
+def test_same_seed_same_model() -> None:
+    torch.manual_seed(3)
+    a = GPT(preset("tiny")).state_dict()
+    torch.manual_seed(3)
+    b = GPT(preset("tiny")).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("pp", [1, 2, 3, 4])
+def test_stages_keep_global_names_and_compose(pp: int) -> None:
+    cfg = preset("small")
+    torch.manual_seed(0)
+    full = GPT(cfg)
+    names = set(full.state_dict())
+    seen: set[str] = set()
+    x = torch.randint(0, cfg.vocab, (2, 16))
+    h = x
+    for stage in range(pp):
+        torch.manual_seed(0)
+        part = GPT(cfg).keep_stage(pp, stage)
+        keys = set(part.state_dict())
+        assert not keys & seen and keys <= names
+        assert {k.split(".")[1] for k in keys if k.startswith("blocks.")} == {
+            str(i) for i in stage_layers(cfg.layers, pp, stage)
+        }
+        seen |= keys
+        h = part(h)
+    assert seen == names
+    torch.testing.assert_close(h, full(x), rtol=0, atol=0)
+
+
+def test_attention_split_by_heads_is_a_contiguous_row_slice() -> None:
+    """Shard(0) of qkv and Shard(1) of proj over tp ranks = whole heads per rank: partial outputs add up."""
+    cfg = preset("tiny")
+    torch.manual_seed(0)
+    attn = GPT(cfg).blocks["0"].attn
+    with torch.no_grad():
+        for p in attn.parameters():
+            p.normal_()
+    x = torch.randn(2, 8, cfg.hidden)
+    full = attn(x)
+    for tp in (2, 4):
+        total = attn.proj.bias.clone()
+        for r in range(tp):
+            shard = type(attn)(cfg)
+            rows = slice(r * 3 * cfg.hidden // tp, (r + 1) * 3 * cfg.hidden // tp)
+            cols = slice(r * cfg.hidden // tp, (r + 1) * cfg.hidden // tp)
+            shard.qkv = torch.nn.Linear(cfg.hidden, 3 * cfg.hidden // tp)
+            shard.proj = torch.nn.Linear(cfg.hidden // tp, cfg.hidden)
+            with torch.no_grad():
+                shard.qkv.weight.copy_(attn.qkv.weight[rows])
+                shard.qkv.bias.copy_(attn.qkv.bias[rows])
+                shard.proj.weight.copy_(attn.proj.weight[:, cols])
+                shard.proj.bias.zero_()
+            total = total + shard(x)
+        torch.testing.assert_close(total, full, rtol=1e-4, atol=1e-4)  # fp32 sum order only
+
+
+def test_warmup_cosine() -> None:
+    f = WarmupCosine(warmup=4, total=14, min_ratio=0.1)
+    assert [f(i) for i in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert math.isclose(f(9), 0.1 + 0.9 * 0.5)
+    assert math.isclose(f(14), 0.1) and math.isclose(f(100), 0.1)
+
+
+def test_weight_decay_only_on_matrices() -> None:
+    opt = build_optimizer(GPT(preset("tiny")), lr=1e-3, weight_decay=0.1)
+    decay, no_decay = opt.param_groups
+    assert all(p.ndim == 2 for p in decay["params"]) and all(p.ndim == 1 for p in no_decay["params"])
+    assert no_decay["weight_decay"] == 0.0
+
+
+def test_valid_layouts_and_errors() -> None:
+    tiny = preset("tiny")  # 2 layers, 4 heads
+    got = {(lay.dp, lay.tp, lay.pp) for lay in valid_layouts(tiny, 4)}
+    assert got == {(4, 1, 1), (2, 2, 1), (1, 4, 1), (2, 1, 2), (1, 2, 2)}
+    assert {(lay.dp, lay.tp, lay.pp) for lay in valid_layouts(tiny, 3)} == {(3, 1, 1)}
+    with pytest.raises(PTCError, match="heads"):
+        Layout(1, 3, 1).check(tiny)
+    with pytest.raises(LayoutError, match="needs 4 ranks"):
+        Layout(2, 2, 1).check(tiny, world=2)
+    with pytest.raises(LayoutError, match="tied"):
+        Layout(1, 2, 1).check(replace(tiny, tied=True))
+    with pytest.raises(PTCError, match="tied"):
+        GPT(replace(tiny, tied=True)).keep_stage(2, 0)

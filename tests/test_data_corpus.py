@@ -32,7 +32,7 @@ def test_build_splits_index_and_cache(tmp_path: Path) -> None:
     assert 0 < meta["splits"]["val"]["documents"] < 40
     idx = c.doc_index("train")
     assert len(idx) == meta["splits"]["train"]["documents"] and idx[0] == 0
-    docs = [bytes(tr[a:b - 1]) for a, b in zip(idx, [*idx[1:], len(tr)])]
+    docs = [bytes(tr[a : b - 1]) for a, b in zip(idx, [*idx[1:], len(tr)])]
     assert all(d in texts for d in docs) and all(tr[b - 1] == 0 for b in [*idx[1:], len(tr)])
     assert build_corpus([src], root=tmp_path / "cache", heldout=0.2).path == c.path  # cached
     (src / "pkg" / "m0.py").write_text("changed")

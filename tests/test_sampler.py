@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 
@@ -98,7 +99,7 @@ def test_any_dp_sequence_serves_static_batches(n: int, gb: int, seed: int, epoch
 def test_split_bounds_contiguous_balanced(size: int, parts: int) -> None:
     bounds = [split_bounds(size, parts, i) for i in range(parts)]
     assert bounds[0][0] == 0 and bounds[-1][1] == size
-    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(bounds))
     sizes = [b - a for a, b in bounds]
     assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
     np.testing.assert_array_equal(sizes, [len(p) for p in np.array_split(np.arange(size), parts)])

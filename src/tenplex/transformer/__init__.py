@@ -1,0 +1,29 @@
+"""The state transformer: `save` a running job's state into the tensor stores, `load` it into any layout.
+
+DCP-shaped: `state_dict` is a nested dict of tensors, DTensors on any mesh, plain values and objects with
+`state_dict()`/`load_state_dict()`; the target layout of `load` is whatever the tensors handed to it are.
+"""
+
+from .durable import persist
+from .errors import (
+    KeyMismatchError,
+    NoSnapshotError,
+    ShapeMismatchError,
+    StateError,
+    UnrecoverableError,
+)
+from .load import LoadInfo, load
+from .save import SaveHandle, save
+
+__all__ = [
+    "KeyMismatchError",
+    "LoadInfo",
+    "NoSnapshotError",
+    "SaveHandle",
+    "ShapeMismatchError",
+    "StateError",
+    "UnrecoverableError",
+    "load",
+    "persist",
+    "save",
+]

@@ -1,0 +1,117 @@
+"""The durable tier: a committed snapshot written in PyTorch DCP format, and loads from it.
+
+Persisting assembles each tensor from the stores one at a time and hands DCP plain tensors, so the files
+are ordinary DCP checkpoints that `torch.distributed.checkpoint.load` reads into any layout.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+
+from ..ptc import PTC, Box
+from ..ptc import values as value_codec
+from ..store import StoreError
+from .errors import KeyMismatchError, NoSnapshotError, ShapeMismatchError, StateError
+from .layout import blob_name
+from .load import LoadInfo
+from .shards import Staged
+from .stores import client, resolve
+from .tree import expand, flatten, restore
+
+VALUES_KEY = "tenplex.values"
+STEP_KEY = "tenplex.step"
+TORCH_DTYPES = {
+    "float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
+    "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32, "int16": torch.int16,
+    "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
+}  # fmt: skip
+
+
+def persist(job: str, step: int | None, path: str, *, store: str | None = None) -> dict[str, Any]:
+    """Write version `step` (default: the newest committed) of `job` to `path` as a DCP checkpoint.
+
+    Run it in one process (a rank, the runtime or the CLI); it reads each piece from a store that holds it.
+    """
+    started = time.perf_counter()
+    own = client(resolve(store))
+    if step is None:
+        step = own.latest(job)
+        if step is None:
+            raise NoSnapshotError(f"job {job!r} has no committed version in {own.url}")
+    manifest = own.manifest(job, step)
+    ptc = PTC.from_json(manifest["ptc"])
+    state: dict[str, Any] = {}
+    nbytes = 0
+    for name, meta in ptc.tensors.items():
+        full = torch.empty(meta.shape, dtype=TORCH_DTYPES[meta.dtype])
+        array = Staged(full, fill=False).array
+        for piece in ptc.pieces(name):
+            _read_piece(ptc, job, step, name, piece, array[(*piece.box.slices(), ...)])
+        state[name] = full
+        nbytes += meta.nbytes
+    state[VALUES_KEY] = json.dumps(value_codec.encode(ptc.values))
+    state[STEP_KEY] = step
+    dcp.save(state, checkpoint_id=path, no_dist=True)
+    return {"job": job, "step": step, "path": path, "bytes": nbytes, "seconds": time.perf_counter() - started}
+
+
+def _read_piece(ptc: PTC, job: str, step: int, name: str, piece: Any, out: Any) -> None:
+    errors = []
+    for r in piece.holders:
+        try:
+            buf = out if out.flags.c_contiguous else out.copy()
+            client(ptc.mesh.hosts[r]).read_box(job, step, blob_name(r, name), Box.full(piece.box.shape), buf)
+            if buf is not out:
+                out[...] = buf
+            return
+        except StoreError as e:
+            errors.append(f"rank {r}: {e}")
+    raise StateError(f"no copy of {name} {piece.box} could be read: {'; '.join(errors)}")
+
+
+def load_durable(
+    state_dict: dict[str, Any], path: str, *, strict: bool, started: float, reason: str | None
+) -> LoadInfo:
+    """Load the target from a DCP checkpoint written by `persist` (DCP reshards into any layout).
+
+    Keys and shapes are checked against the checkpoint's metadata and values before any tensor is written.
+    """
+    tree = expand(state_dict)
+    tensors, values = flatten(tree)
+    try:
+        meta = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    except Exception as e:
+        raise NoSnapshotError(f"cannot read a persisted snapshot at {path!r}: {e}") from None
+    head: dict[str, Any] = {VALUES_KEY: "", STEP_KEY: 0}
+    dcp.load(head, checkpoint_id=path)
+    saved_values = value_codec.decode(json.loads(head[VALUES_KEY]))
+    saved_names = set(meta) - set(head)
+    missing = sorted((set(tensors) - saved_names) | (set(values) - set(saved_values)))
+    unexpected = sorted((saved_names - set(tensors)) | (set(saved_values) - set(values)))
+    if strict and (missing or unexpected):
+        raise KeyMismatchError(missing, unexpected)
+    state = {n: t for n, t in tensors.items() if n in saved_names}
+    for name, t in state.items():
+        size = tuple(getattr(meta[name], "size", ()))
+        if size != tuple(t.shape):
+            raise ShapeMismatchError(
+                f"tensor {name!r} is {list(size)} in {path} but {list(t.shape)} in the target"
+            )
+    dcp.load(state, checkpoint_id=path)
+    restore(state_dict, tree, {k: v for k, v in saved_values.items() if k in values})
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    return LoadInfo(
+        job="",
+        step=int(head[STEP_KEY]),
+        seconds=time.perf_counter() - started,
+        bytes={"durable": nbytes},
+        missing=missing,
+        unexpected=unexpected,
+        source="durable",
+        note=reason or "",
+    )

@@ -1,0 +1,87 @@
+"""The job's layout as a PTC, gathered from what every rank holds.
+
+Each rank describes its own shards; after one all-gather every rank builds the same PTC, with explicit
+pieces so that any DTensor mesh, placement or pipeline split is described exactly. A rank's host is the
+store it talks to, its device id is stable across restarts (TENPLEX_DEVICE, else host and local index).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from ..ptc import PTC, Box, Explicit, Mesh, Piece, PTCError, TensorMeta
+from . import world
+from .errors import StateError
+from .shards import LocalShard
+
+
+@dataclass
+class RankLayout:
+    rank: int
+    store: str
+    device: str
+    tensors: dict[str, tuple[tuple[int, ...], str, list[list[int]]]] = field(default_factory=dict)
+
+
+def describe(store: str, shards: dict[str, LocalShard]) -> RankLayout:
+    device = os.environ.get("TENPLEX_DEVICE") or f"{store}#{os.environ.get('LOCAL_RANK', world.rank())}"
+    return RankLayout(world.rank(), store, device, {n: s.describe() for n, s in shards.items()})
+
+
+def gather(store: str, shards: dict[str, LocalShard]) -> list[RankLayout]:
+    return world.all_gather(describe(store, shards))
+
+
+def build_ptc(layouts: list[RankLayout], values: dict | None = None) -> PTC:
+    """One PTC over a 1-D mesh of ranks; every tensor's pieces are the distinct boxes and their holders."""
+    devices = [lay.device for lay in layouts]
+    if len(set(devices)) != len(devices):
+        raise StateError(f"two ranks claim the same device id: {devices}")
+    mesh = Mesh((("rank", len(layouts)),), tuple(devices), tuple(lay.store for lay in layouts))
+    metas: dict[str, TensorMeta] = {}
+    holders: dict[str, dict[Box, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for lay in layouts:
+        for name, (shape, dtype, box) in lay.tensors.items():
+            meta = TensorMeta(name, tuple(shape), dtype)
+            seen = metas.setdefault(name, meta)
+            if seen != meta:
+                raise StateError(
+                    f"tensor {name!r} is {seen.dtype}{list(seen.shape)} on one rank "
+                    f"but {dtype}{list(shape)} on rank {lay.rank}"
+                )
+            holders[name][Box.from_json(box)].append(lay.rank)
+    entries = []
+    for name, meta in metas.items():
+        pieces = tuple(Piece(b, tuple(sorted(r))) for b, r in holders[name].items() if not b.empty)
+        entries.append((meta, Explicit(pieces)))
+    try:
+        return PTC.build(mesh, entries, values)
+    except PTCError as e:
+        raise StateError(f"the ranks' shards do not describe whole tensors: {e}") from None
+
+
+def writers(ptc: PTC) -> PTC:
+    """The same layout with, per piece, one holder per host: the copy that is written to that host's store."""
+    hosts = ptc.mesh.hosts
+    entries = []
+    for name, meta in ptc.tensors.items():
+        pieces = []
+        for p in ptc.pieces(name):
+            first: dict[str, int] = {}
+            for r in p.holders:
+                first.setdefault(hosts[r], r)
+            pieces.append(Piece(p.box, tuple(sorted(first.values()))))
+        entries.append((meta, Explicit(tuple(pieces))))
+    return PTC.build(ptc.mesh, entries, ptc.values)
+
+
+def subset(ptc: PTC, names: set[str]) -> PTC:
+    return PTC.build(
+        ptc.mesh, [(ptc.tensors[n], ptc.placements[n]) for n in ptc.tensors if n in names], ptc.values
+    )
+
+
+def blob_name(rank: int, tensor: str) -> str:
+    return f"r{rank}/{tensor}"

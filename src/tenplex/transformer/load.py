@@ -1,0 +1,249 @@
+"""`tenplex.load`: each rank computes its part of the plan from the manifest and pulls its boxes.
+
+Boxes on this host come through shared memory; boxes of other hosts come through this host's store, which
+fetches each remote box once and serves it to every local rank that needs it (the planner's lower bound).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..planner import Fetch, Route, plan
+from ..ptc import PTC
+from ..store import StoreClient, StoreError, StoreUnavailable
+from . import world
+from .errors import KeyMismatchError, NoSnapshotError, ShapeMismatchError, StateError, UnrecoverableError
+from .layout import blob_name, build_ptc, gather, subset
+from .save import MANIFEST_FORMAT
+from .shards import LocalShard, Staged, local_shard
+from .stores import client, resolve
+from .tree import expand, flatten, restore
+
+
+@dataclass
+class LoadInfo:
+    """What one rank's load did; `bytes` by route (kept / same_host / relayed / cross_host)."""
+
+    job: str
+    step: int
+    seconds: float
+    bytes: dict[str, int] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    lost_stores: list[str] = field(default_factory=list)
+    source: str = "memory"  # or "durable"
+    note: str = ""  # why a durable load happened
+    plan_bytes: dict[str, int] = field(default_factory=dict)  # the whole job's plan statistics
+
+
+def load(
+    state_dict: dict[str, Any],
+    job: str,
+    step: int | None = None,
+    *,
+    store: str | None = None,
+    strict: bool = True,
+    central: bool = False,
+    path: str | None = None,
+    concurrency: int = 8,
+) -> LoadInfo:
+    """Fill `state_dict` in place from version `step` (default: the newest committed) of `job`.
+
+    The target layout is whatever the tensors handed in are. `central=True` routes every byte through
+    one host's store (the paper's Tenplex-Central baseline). `path` names a persisted DCP snapshot to fall
+    back to when some boxes have no surviving in-memory copy.
+    """
+    started = time.perf_counter()
+    url = resolve(store)
+    tree = expand(state_dict)
+    tensors, values = flatten(tree)
+    shards = {n: local_shard(n, t) for n, t in tensors.items()}
+    layouts = gather(url, shards)
+    new = build_ptc(layouts)
+    chosen = world.broadcast(_choose(job, step, url, layouts) if world.rank() == 0 else None)
+    if isinstance(chosen, str):
+        if path is not None:
+            from .durable import load_durable
+
+            return load_durable(state_dict, path, strict=strict, started=started, reason=chosen)
+        raise NoSnapshotError(chosen)
+    step, manifest = chosen
+    old = PTC.from_json(manifest["ptc"])
+    common = _check_keys(old, new, values, strict)
+    lost, remap = _lost_stores(old, job, step)
+    old_view = _remap_hosts(old, remap)
+    p = plan(subset(old_view, common), subset(new, common), lost=sorted(lost))
+    if not p.complete:
+        if path is not None:
+            from .durable import load_durable
+
+            return load_durable(state_dict, path, strict=strict, started=started, reason="unrecoverable")
+        raise UnrecoverableError([(t, str(b)) for t, b in p.unrecoverable])
+    me = world.rank()
+    moved = _execute(p.for_rank(me), shards, job, step, old_view, url, central, concurrency)
+    restore(state_dict, tree, {k: v for k, v in old.values.items() if k in values})
+    world.barrier()
+    _drop_relays(job, step, url, layouts)
+    missing, unexpected = _differences(old, new, values)
+    s = p.stats
+    return LoadInfo(
+        job,
+        step,
+        time.perf_counter() - started,
+        moved,
+        missing,
+        unexpected,
+        sorted(lost),
+        plan_bytes={"kept": s.kept, "same_host": s.same_host, "relayed": s.relayed,
+                    "cross_host": s.cross_host, "cross_host_lower_bound": s.cross_host_lower_bound},
+    )  # fmt: skip
+
+
+def _choose(job: str, step: int | None, url: str, layouts: list) -> tuple[int, dict] | str:
+    """(step, manifest) from any reachable store of the job's new ranks, or why there is none."""
+    try:
+        return _newest(job, step, url, layouts)
+    except StoreError as e:
+        return f"job {job!r}: cannot read a snapshot from the stores ({e})"
+
+
+def _newest(job: str, step: int | None, url: str, layouts: list) -> tuple[int, dict] | str:
+    urls = sorted({lay.store for lay in layouts}, key=lambda u: u != url)
+    best: tuple[int, str] | None = None
+    errors = []
+    for u in urls:
+        try:
+            steps = client(u).versions(job)
+        except StoreUnavailable as e:
+            errors.append(str(e))
+            continue
+        candidates = [s for s in steps if step is None or s == step]
+        if candidates and (best is None or candidates[-1] > best[0]):
+            best = (candidates[-1], u)
+    if best is None:
+        where = f"step {step} of " if step is not None else ""
+        return f"no committed version of {where}job {job!r} in stores {urls}" + (
+            f" ({'; '.join(errors)})" if errors else ""
+        )
+    manifest = client(best[1]).manifest(job, best[0])
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        return f"version {best[0]} of job {job!r} is not a tenplex snapshot"
+    return best[0], manifest
+
+
+def _differences(old: PTC, new: PTC, values: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """Names the target wants but the snapshot lacks, and names the snapshot has but the target lacks."""
+    target, saved = set(new.tensors) | set(values), set(old.tensors) | set(old.values)
+    return sorted(target - saved), sorted(saved - target)
+
+
+def _check_keys(old: PTC, new: PTC, values: dict[str, Any], strict: bool) -> set[str]:
+    missing, unexpected = _differences(old, new, values)
+    kinds = sorted((set(new.tensors) & set(old.values)) | (set(values) & set(old.tensors)))
+    if kinds:
+        raise ShapeMismatchError(f"{kinds[0]!r} is a tensor on one side and a plain value on the other")
+    if strict and (missing or unexpected):
+        raise KeyMismatchError(missing, unexpected)
+    common = set(old.tensors) & set(new.tensors)
+    for name in sorted(common):
+        a, b = old.tensors[name], new.tensors[name]
+        if (a.shape, a.dtype) != (b.shape, b.dtype):
+            raise ShapeMismatchError(
+                f"tensor {name!r} is {a.dtype}{list(a.shape)} in the snapshot but {b.dtype}{list(b.shape)} "
+                "in the target"
+            )
+    return common
+
+
+def _lost_stores(old: PTC, job: str, step: int) -> tuple[set[str], dict[str, str]]:
+    """Old stores that do not answer; those whose blobs a replica holds are remapped to it."""
+    down = set()
+    for url in sorted(set(old.mesh.hosts)):
+        try:
+            client(url).health()
+        except StoreError:
+            down.add(url)
+    remap: dict[str, str] = {}
+    if down:
+        for url in sorted(set(old.mesh.hosts) - down):
+            try:
+                listing = client(url).blobs(job, step)
+            except StoreError:
+                continue
+            held = {b["name"] for b in listing}
+            for dead in sorted(down - set(remap)):
+                ranks = [r for r, h in enumerate(old.mesh.hosts) if h == dead]
+                needed = {blob_name(r, s.tensor) for r in ranks for s in old.shards(r)}
+                if needed <= held:
+                    remap[dead] = url
+    return down - set(remap), remap
+
+
+def _remap_hosts(old: PTC, remap: dict[str, str]) -> PTC:
+    if not remap:
+        return old
+    from ..ptc import Mesh
+
+    hosts = tuple(remap.get(h, h) for h in old.mesh.hosts)
+    return PTC(Mesh(old.mesh.axes, old.mesh.devices, hosts), old.tensors, old.placements, old.values)
+
+
+def _execute(
+    fetches: list[Fetch],
+    shards: dict[str, LocalShard],
+    job: str,
+    step: int,
+    old: PTC,
+    url: str,
+    central: bool,
+    concurrency: int,
+) -> dict[str, int]:
+    """Pull every box of this rank into its tensors, `concurrency` requests at a time."""
+    staged = {name: Staged(shards[name].local, fill=False) for name in {f.tensor for f in fetches}}
+    own = client(url)
+    hub: StoreClient | None = client(old.mesh.hosts[0]) if central else None
+    sources = {(name, r): piece.box for name in staged for piece in old.pieces(name) for r in piece.holders}
+    moved: dict[str, int] = {r.value: 0 for r in Route}
+
+    def one(f: Fetch) -> None:
+        shard = shards[f.tensor]
+        dst = staged[f.tensor].array[(*f.box.relative_to(shard.box).slices(), ...)]
+        out = dst if dst.flags.c_contiguous else np.empty(dst.shape, dst.dtype)
+        src_box = f.box.relative_to(sources[(f.tensor, f.src)])
+        src_url, blob = old.mesh.hosts[f.src], blob_name(f.src, f.tensor)
+        if hub is not None:
+            hub.fetch_remote(src_url, job, step, blob, src_box, out)
+        elif src_url == url:
+            own.read_box(job, step, blob, src_box, out)
+        else:
+            own.fetch_remote(src_url, job, step, blob, src_box, out)
+        if out is not dst:
+            np.copyto(dst, out)
+
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        for f, fut in zip(fetches, [pool.submit(one, f) for f in fetches]):
+            try:
+                fut.result()
+            except StoreError as e:
+                raise StateError(f"loading {f.tensor} {f.box} from rank {f.src}: {e}") from e
+            moved[f.route.value] += f.box.volume * old.tensors[f.tensor].itemsize
+    for s in staged.values():
+        s.finish()
+    return moved
+
+
+def _drop_relays(job: str, step: int, url: str, layouts: list) -> None:
+    """The lowest rank of each store frees that store's relay cache once everyone has loaded."""
+    first = {}
+    for lay in layouts:
+        first.setdefault(lay.store, lay.rank)
+    if first.get(url) == world.rank():
+        try:
+            client(url).drop_relay(job, step)
+        except StoreError:
+            pass

@@ -1,0 +1,151 @@
+"""`tenplex.save`: every rank copies its shards into its host's store; the version commits once all have.
+
+One replica per host is written (the lowest rank on that host holding the piece), so replicas on other
+hosts stay available for failures and for nearby loads, without storing a host's copy twice.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.distributed as dist
+
+from ..ptc import values as value_codec
+from . import world
+from .errors import StateError
+from .layout import blob_name, build_ptc, gather, writers
+from .shards import LocalShard, Staged, local_shard
+from .stores import client, resolve
+from .tree import expand, flatten
+
+MANIFEST_FORMAT = "tenplex.snapshot"
+
+
+@dataclass
+class SaveHandle:
+    """Returned by `save`; with `async_save=True` the commit finishes in the background: `wait()` for it."""
+
+    job: str
+    step: int
+    bytes_written: int
+    seconds_local: float
+    _thread: threading.Thread | None = None
+    _error: list[BaseException] = field(default_factory=list)
+
+    def wait(self, timeout: float | None = None) -> SaveHandle:
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise TimeoutError(f"save of {self.job}@{self.step} still running after {timeout} s")
+        if self._error:
+            raise self._error[0]
+        return self
+
+    @property
+    def done(self) -> bool:
+        return self._thread is None or not self._thread.is_alive()
+
+
+_async_group: Any = None
+
+
+def save(
+    state_dict: dict[str, Any],
+    job: str,
+    step: int,
+    *,
+    store: str | None = None,
+    async_save: bool = False,
+    keep: int | None = None,
+) -> SaveHandle:
+    """Snapshot `state_dict` as version `step` of `job`. Every rank calls it with its own shards.
+
+    Returns after the local copy into shared memory when `async_save`, else after the version committed.
+    `keep` deletes all but the newest `keep` committed versions afterwards.
+    """
+    started = time.perf_counter()
+    url = resolve(store)
+    if async_save:
+        ensure_async_group()
+    tensors, values = flatten(expand(state_dict))
+    for name, v in values.items():
+        try:
+            value_codec.encode(v, name)
+        except Exception as e:
+            raise StateError(str(e)) from None
+    shards = {n: local_shard(n, t) for n, t in tensors.items()}
+    layouts = gather(url, shards)
+    ptc = writers(build_ptc(layouts, values))
+    me = world.rank()
+    mine = {s.tensor for s in ptc.shards(me)}
+    own = client(url)
+    own.create_version(job, step)
+    written = 0
+    staged: list[tuple[str, LocalShard]] = []
+    for name in sorted(mine):
+        shard = shards[name]
+        if own.is_local:
+            arr = own.allocate_blob(job, step, blob_name(me, name), shard.dtype, shard.box.shape)
+            arr[...] = Staged(shard.local, fill=True).array
+            staged.append((blob_name(me, name), shard))
+        else:
+            own.write_blob(job, step, blob_name(me, name), Staged(shard.local, fill=True).array, shard.dtype)
+        written += shard.box.volume * ptc.tensors[name].itemsize
+    local_seconds = time.perf_counter() - started
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "job": job,
+        "step": step,
+        "ptc": ptc.to_json(),
+        "stores": sorted(set(ptc.mesh.hosts)),
+    }
+
+    def finish() -> None:
+        for blob, _ in staged:
+            own.seal_blob(job, step, blob)
+        _barrier(async_save)
+        if me == 0:
+            for url_ in manifest["stores"]:
+                c = client(url_)
+                c.commit(job, step, manifest)
+                if keep is not None:
+                    c.retain(job, keep)
+        _barrier(async_save)
+
+    handle = SaveHandle(job, step, written, local_seconds)
+    if not async_save:
+        finish()
+        return handle
+
+    def run() -> None:
+        try:
+            finish()
+        except BaseException as e:  # reported by wait()
+            handle._error.append(e)
+
+    handle._thread = threading.Thread(target=run, name=f"tenplex-save-{job}-{step}", daemon=True)
+    handle._thread.start()
+    return handle
+
+
+def _barrier(background: bool) -> None:
+    """A barrier; background commits use their own gloo group so they never interleave with training's."""
+    global _async_group
+    if not world.active():
+        return
+    if not background:
+        dist.barrier()
+        return
+    if _async_group is None:
+        raise StateError("internal: async group missing")
+    dist.barrier(group=_async_group)
+
+
+def ensure_async_group() -> None:
+    """Create the background group on every rank, in the foreground (group creation is collective)."""
+    global _async_group
+    if world.active() and _async_group is None:
+        _async_group = dist.new_group(backend="gloo")

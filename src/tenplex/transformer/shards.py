@@ -1,0 +1,89 @@
+"""What one rank holds of each tensor: the global shape, the box and a numpy view of the local bytes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+from torch.distributed.tensor.placement_types import Partial
+
+from ..ptc import Box
+from .errors import StateError
+
+DTYPES: dict[torch.dtype, str] = {
+    torch.float64: "float64",
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.int64: "int64",
+    torch.int32: "int32",
+    torch.int16: "int16",
+    torch.int8: "int8",
+    torch.uint8: "uint8",
+    torch.bool: "bool",
+}
+# numpy has no bfloat16: its bytes travel as uint16, as the store expects
+VIEW_AS = {torch.bfloat16: torch.uint16}
+
+
+@dataclass
+class LocalShard:
+    """This rank's piece of tensor `name`: `local` is the tensor the bytes live in (written in place)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    box: Box
+    local: torch.Tensor
+
+    def describe(self) -> tuple[tuple[int, ...], str, list[list[int]]]:
+        return self.shape, self.dtype, self.box.to_json()
+
+
+def local_shard(name: str, tensor: torch.Tensor) -> LocalShard:
+    if tensor.dtype not in DTYPES:
+        raise StateError(f"tensor {name!r} has dtype {tensor.dtype}, which tenplex cannot store")
+    if isinstance(tensor, DTensor):
+        if any(isinstance(p, Partial) for p in tensor.placements):
+            raise StateError(f"tensor {name!r} is a Partial DTensor: reduce it before saving or loading")
+        local = tensor.to_local()
+        shape = tuple(tensor.shape)
+        _, offset = compute_local_shape_and_global_offset(shape, tensor.device_mesh, tensor.placements)
+        start = tuple(int(o) for o in offset)
+        stop = tuple(min(a + s, g) for a, s, g in zip(start, local.shape, shape))
+        box = Box(tuple(min(a, g) for a, g in zip(start, shape)), stop)
+        if box.shape != tuple(local.shape):
+            raise StateError(f"tensor {name!r}: local shape {list(local.shape)} does not match box {box}")
+    else:
+        local, shape = tensor, tuple(tensor.shape)
+        box = Box.full(shape)
+    return LocalShard(name, shape, DTYPES[tensor.dtype], box, local)
+
+
+def as_numpy(t: torch.Tensor) -> np.ndarray:
+    """A numpy view sharing memory with a CPU tensor (bfloat16 viewed as uint16)."""
+    t = t.detach()
+    if t.dtype in VIEW_AS:
+        t = t.view(VIEW_AS[t.dtype])
+    return t.numpy()
+
+
+class Staged:
+    """Host memory for a tensor's bytes: the tensor itself on CPU, a copy for accelerators."""
+
+    def __init__(self, t: torch.Tensor, fill: bool) -> None:
+        self.tensor = t
+        if t.device.type == "cpu" and t.is_contiguous():
+            self.host = t
+        else:
+            self.host = torch.empty(t.shape, dtype=t.dtype, device="cpu")
+            if fill:
+                self.host.copy_(t)
+        self.array = as_numpy(self.host)
+
+    def finish(self) -> None:
+        if self.host is not self.tensor:
+            self.tensor.copy_(self.host)

@@ -402,3 +402,26 @@ def test_store_ls_cli(store, capsys, request):
     assert "r0/emb" in capsys.readouterr().out
     assert cli_main(["store", "ls", "--store", "http://127.0.0.1:1"]) == 2
     c.delete_job(job)
+
+
+def test_freed_files_are_recycled_within_the_limit(request):
+    """Periodic snapshots reuse the files of deleted versions; the pool never breaks the limit."""
+    job = job_name(request)
+    with start_store(memory_limit="1MiB") as sp:
+        c = sp.client(local=True)
+        loc = f"/v1/jobs/{job}/versions/%d/locate"
+        c.write_blob(job, 1, "w", np.full(1000, 1, np.int64))
+        c.commit(job, 1, None)
+        first = c.request("POST", loc % 1, {"names": ["w"]})["blobs"][0]["path"]
+        c.delete_version(job, 1)
+        assert c.stats()["memory_pooled"] == 8000 and c.stats()["memory_used"] == 0
+        time.sleep(2.1)  # the grace period before a freed file is reused
+        c.write_blob(job, 2, "w", np.full(1000, 2, np.int64))
+        c.commit(job, 2, None)
+        assert c.request("POST", loc % 2, {"names": ["w"]})["blobs"][0]["path"] == first
+        out = np.empty(1000, np.int64)
+        sp.client(local=False).read_box(job, 2, "w", Box((0,), (1000,)), out)
+        assert (out == 2).all()
+        c.delete_version(job, 2)
+        c.write_blob(job, 3, "big", np.zeros(1 << 20, np.uint8))  # needs the pooled bytes back
+        assert c.stats()["memory_pooled"] == 0

@@ -97,6 +97,7 @@ class Catalog:
                     f"({self.used} of {self.limit} bytes used); delete versions or use retain"
                 )
             self.used += nbytes
+            self.arena.trim(self.limit - self.used)  # recycled files never take the store past its limit
         try:
             path, mem = self.arena.create(nbytes)
         except BaseException:
@@ -109,10 +110,9 @@ class Catalog:
             self.used -= nbytes
 
     def drop(self, blob: Blob) -> None:
-        """Give a blob's memory back (its file is unlinked; live mappings keep the pages until unmapped)."""
+        """Give a blob's memory back; its file goes to the pool for reuse by a blob of the same size."""
         self.free(blob.nbytes)
-        self.arena.remove(blob.path)
-        blob.release()
+        self.arena.recycle(blob.path, blob.mem, blob.nbytes)
 
     # ---- lookups
 

@@ -80,7 +80,7 @@ class StoreClient:
         self._local = local
         self._pool: list[Conn] = []
         self._lock = threading.Lock()
-        self._maps: OrderedDict[str, Any] = OrderedDict()
+        self._maps: OrderedDict[tuple[str, int, bool], Any] = OrderedDict()
         self._allocated: dict[tuple[str, int, str], Any] = {}
 
     def __repr__(self) -> str:
@@ -286,7 +286,7 @@ class StoreClient:
             raise ConflictError(f"allocate_blob needs a store on this host; {self.url} is remote")
         payload = {"dtype": check_dtype(dtype), "shape": list(check_shape(tuple(shape)))}
         info = self.request("POST", f"{self._bpath(job, step, name)}/allocate", payload)
-        mem = map_file(info["path"], info["nbytes"], writable=True)
+        mem = self._map(info, writable=True)
         arr = np.frombuffer(mem, dtype=NUMPY_DTYPE[dtype]).reshape(tuple(shape))
         with self._lock:
             self._allocated[(job, step, name)] = arr
@@ -339,16 +339,18 @@ class StoreClient:
             raise StoreError(f"store uses {info['chunk']}-byte checksum chunks, this client {CHUNK}")
         copy_box(self._map(info), info["digests"], info["dtype"], tuple(info["shape"]), box, dst, what)
 
-    def _map(self, info: dict[str, Any]) -> memoryview:
-        path = info["path"]
+    def _map(self, info: dict[str, Any], writable: bool = False) -> memoryview:
+        """A cached mapping of a blob file: the daemon recycles files of freed blobs for new blobs of the same
+        size, so a periodic writer or reader maps each file once (mapping costs about as much as copying)."""
+        key = (info["path"], info["nbytes"], writable)
         with self._lock:
-            mem = self._maps.get(path)
+            mem = self._maps.get(key)
             if mem is not None:
-                self._maps.move_to_end(path)
+                self._maps.move_to_end(key)
         if mem is None:
-            mem = map_file(path, info["nbytes"], writable=False)
+            mem = map_file(info["path"], info["nbytes"], writable=writable)
             with self._lock:
-                self._maps[path] = mem
+                self._maps[key] = mem
                 while len(self._maps) > MAX_MAPS:
                     self._maps.popitem(last=False)
         return memoryview(mem)

@@ -324,7 +324,8 @@ def _stats(d: Daemon, req: Request) -> dict[str, Any]:
     c = d.catalog
     with c.lock:
         versions = [v for vs in c.jobs.values() for v in vs.values()]
-        out = {"memory_used": c.used, "memory_limit": c.limit, "jobs": len(c.jobs), "versions": len(versions),
+        out = {"memory_used": c.used, "memory_limit": c.limit, "memory_pooled": d.arena.pooled,
+ "jobs": len(c.jobs), "versions": len(versions),
                "committed": sum(v.committed for v in versions), "blobs": sum(len(v.blobs) for v in versions),
                "relay_blobs": len(d.relay.blobs)}  # fmt: skip
     with d._lock:

@@ -11,9 +11,9 @@ torch = pytest.importorskip("torch")
 
 from tenplex.ptc import PTCError, preset, stage_layers  # noqa: E402
 from tenplex.ptc.gpt import param_shapes  # noqa: E402
+from tenplex.train.layout import Layout, LayoutError, valid_layouts  # noqa: E402
 from tenplex.train.model import GPT  # noqa: E402
 from tenplex.train.optim import WarmupCosine, build_optimizer  # noqa: E402
-from tenplex.train.parallel import Layout, LayoutError, valid_layouts  # noqa: E402
 
 
 @pytest.mark.parametrize("name", ["tiny", "small"])

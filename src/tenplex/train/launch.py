@@ -28,9 +28,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_CHANNEL: Any = None  # the parent's queue, inside a spawned rank
+
+
+def report(value: Any) -> None:
+    """From inside a spawned rank: hand `value` to the parent's `on_progress` callback (no-op elsewhere)."""
+    if _CHANNEL is not None:
+        _CHANNEL.put((-1, "progress", value))
+
+
 def _entry(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple, results: Any) -> None:
+    import sys
+
     import torch
     import torch.distributed as dist
+
+    global _CHANNEL
+    _CHANNEL = results
 
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -45,20 +59,24 @@ def _entry(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(minutes=5))
         out = fn(*args)
-        results.put((rank, True, out))
+        results.put((rank, "ok", out))
     except BaseException as e:  # report, then exit non-zero so the parent stops the others
-        results.put((rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        if not isinstance(e, TenplexError):
+            traceback.print_exc(file=sys.stderr)
+        results.put((rank, "error", f"{type(e).__name__}: {e}"))
         raise SystemExit(1) from None
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-def spawn(fn: Callable[..., Any], world: int, *args: Any, queue: Any = None) -> list[Any]:
+def spawn(
+    fn: Callable[..., Any], world: int, *args: Any, on_progress: Callable[[Any], None] | None = None
+) -> list[Any]:
     """Run `fn(*args)` in `world` fresh ranks; return every rank's result, ordered by rank.
 
-    `fn` must be importable by name (a module-level function). `queue`, if given, is an `mp` queue made by
-    `context()` that `fn` may use to stream progress to the parent.
+    `fn` must be importable by name (a module-level function); what it passes to `report()` reaches
+    `on_progress` in the parent while the ranks run.
     """
     ctx = context()
     results = ctx.Queue()
@@ -73,7 +91,7 @@ def spawn(fn: Callable[..., Any], world: int, *args: Any, queue: Any = None) -> 
     try:
         while len(out) < world:
             try:
-                rank, ok, value = results.get(timeout=1.0)
+                rank, kind, value = results.get(timeout=1.0)
             except Exception:
                 dead = [p for p in procs if p.exitcode not in (None, 0)]
                 if dead and results.empty():
@@ -81,7 +99,11 @@ def spawn(fn: Callable[..., Any], world: int, *args: Any, queue: Any = None) -> 
                         f"rank {procs.index(dead[0])} exited with code {dead[0].exitcode}"
                     ) from None
                 continue
-            if not ok:
+            if kind == "progress":
+                if on_progress is not None:
+                    on_progress(value)
+                continue
+            if kind == "error":
                 raise LaunchError(f"rank {rank} failed: {value}")
             out[rank] = value
     finally:
@@ -94,3 +116,14 @@ def spawn(fn: Callable[..., Any], world: int, *args: Any, queue: Any = None) -> 
 
 def context() -> Any:
     return mp.get_context("spawn")
+
+
+def _train_rank(cfg: Any) -> list[Any]:
+    from .worker import run_worker
+
+    return run_worker(cfg, on_step=report)
+
+
+def train_locally(cfg: Any, on_step: Callable[[Any], None] | None = None) -> list[Any]:
+    """Train `cfg` (a `TrainConfig`) in dp*tp*pp local ranks; rank 0's per-step metrics, in order."""
+    return spawn(_train_rank, cfg.layout.world, cfg, on_progress=on_step)[0]

@@ -26,11 +26,12 @@ class StepMetrics:
 
 
 class MetricsWriter:
-    """Appends one JSON object per step; flushed each line so a crash keeps what was written."""
+    """One JSON object per step, flushed each line so a crash keeps what was written; a new run truncates,
+    a resumed one (append=True) continues the file."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, append: bool = False) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._f = open(path, "a" if append else "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
     def write(self, m: StepMetrics) -> None:
         self._f.write(m.to_json() + "\n")

@@ -19,7 +19,6 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -30,46 +29,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..data import Corpus, ElasticSampler, TokenWindows, build_corpus
-from ..ptc import GPTConfig, preset
+from .config import TrainConfig, add_train_args, config_from_args
+from .layout import LayoutError
 from .metrics import MetricsWriter, StepMetrics
 from .optim import build_optimizer, build_scheduler
-from .parallel import Layout, LayoutError, allreduce_grads, build_mesh, build_model, coords, scale_grads
+from .parallel import allreduce_grads, build_mesh, build_model, coords, scale_grads
 from .parallel import sq_norm_share as _sq_norm_share
 from .state import job_state, load_job_state
-
-
-@dataclass
-class TrainConfig:
-    """Everything a rank needs; plain values so it pickles to spawned ranks and prints as JSON."""
-
-    model: str = "tiny"
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    fsdp: bool = False
-    steps: int = 50
-    global_batch: int = 8
-    micro_batch: int = 0  # 0: auto (one per rank, or pp micro-batches per rank with pipelining)
-    seed: int = 0
-    lr: float = 1e-3
-    min_lr_ratio: float = 0.1
-    warmup: int = 10
-    total_steps: int = 0  # horizon of the cosine schedule; 0: steps
-    weight_decay: float = 0.1
-    clip: float = 1.0
-    schedule: str = "1f1b"  # pipelining schedule: gpipe or 1f1b
-    corpus: str | None = None  # a built corpus directory; None: build from `sources`
-    sources: list[str] = field(default_factory=list)  # files/dirs; empty: the stdlib
-    split: str = "train"
-    metrics: str | None = None  # JSON-lines path, written by rank 0
-    device: str = "auto"  # auto, cpu or cuda
-
-    @property
-    def layout(self) -> Layout:
-        return Layout(self.dp, self.tp, self.pp, self.fsdp)
-
-    def gpt(self) -> GPTConfig:
-        return preset(self.model)
 
 
 def _device(kind: str) -> torch.device:
@@ -113,9 +79,8 @@ class Trainer:
         )
         self.windows = TokenWindows((corpus or open_corpus(cfg)).tokens(cfg.split), self.gpt.seq)
         self.sampler = ElasticSampler(len(self.windows), cfg.global_batch, cfg.seed)
-        part = -(-cfg.global_batch // self.layout.dp)
-        self.micro_batch = cfg.micro_batch or -(-part // self.layout.pp)
-        self.n_micro = self.sampler.micro_batches_per_rank(self.layout.dp, self.micro_batch)
+        self.micro_batch = cfg.micro_batch_size()
+        self.n_micro = cfg.check_batching(self.sampler)
         self.tokens_per_batch = cfg.global_batch * self.gpt.seq
         self.step = 0
         self.schedule = self._pipeline() if self.layout.pp > 1 else None
@@ -131,12 +96,6 @@ class Trainer:
     def _pipeline(self) -> Any:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-        part = len(self.sampler.rank_ids(self.layout.dp, self.dp_rank))
-        if part % self.n_micro:
-            raise LayoutError(
-                f"pipelining needs equal micro-batches: dp rank {self.dp_rank}'s {part} samples do not split "
-                f"into {self.n_micro}; choose a global batch / micro-batch that divide evenly"
-            )
         stage = PipelineStage(
             self.model, self.pp_rank, self.layout.pp, self.device, group=self.mesh["pp"].get_group()
         )
@@ -236,34 +195,6 @@ def run_worker(cfg: TrainConfig, on_step: Callable[[StepMetrics], None] | None =
         if writer:
             writer.close()
     return out
-
-
-def add_train_args(p: argparse.ArgumentParser) -> None:
-    """The flags of `tenplex train` and of `python -m tenplex.train.worker` (one definition for both)."""
-    d = TrainConfig()
-    p.add_argument("--model", default=d.model, help="preset name (tiny, small, base, medium, gpt3-...)")
-    for name in ("dp", "tp", "pp"):
-        p.add_argument(f"--{name}", type=int, default=1, help=f"{name} size")
-    p.add_argument("--fsdp", action="store_true", help="shard parameters and optimizer state over dp (FSDP2)")
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--global-batch", type=int, default=d.global_batch, help="samples per optimizer step")
-    p.add_argument("--micro-batch", type=int, default=d.micro_batch, help="samples per micro-batch (0: auto)")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--warmup", type=int, default=d.warmup)
-    p.add_argument("--total-steps", type=int, default=d.total_steps, help="cosine horizon (0: --steps)")
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
-    p.add_argument("--clip", type=float, default=d.clip, help="gradient-norm clip (0: off)")
-    p.add_argument("--schedule", choices=("gpipe", "1f1b"), default=d.schedule)
-    p.add_argument("--corpus", default=None, help="a built corpus directory")
-    p.add_argument("--source", dest="sources", action="append", default=[], help="text file/dir (repeat)")
-    p.add_argument("--metrics", default=None, help="JSON-lines output, one object per step")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device)
-
-
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    names = set(TrainConfig.__dataclass_fields__)
-    return TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
 
 
 def main(argv: list[str] | None = None) -> int:

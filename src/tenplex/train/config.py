@@ -1,0 +1,93 @@
+"""The training job's configuration and its command-line flags; torch-free so the CLI loads fast."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+from ..data.sampler import ElasticSampler, split_bounds
+from ..ptc import GPTConfig, preset
+from .layout import Layout, LayoutError
+
+
+@dataclass
+class TrainConfig:
+    """Everything a rank needs; plain values so it pickles to spawned ranks and prints as JSON."""
+
+    model: str = "tiny"
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    fsdp: bool = False
+    steps: int = 50
+    global_batch: int = 8
+    micro_batch: int = 0  # 0: auto (one per rank, or pp micro-batches per rank with pipelining)
+    seed: int = 0
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 10
+    total_steps: int = 0  # horizon of the cosine schedule; 0: steps
+    weight_decay: float = 0.1
+    clip: float = 1.0
+    schedule: str = "1f1b"  # pipelining schedule: gpipe or 1f1b
+    corpus: str | None = None  # a built corpus directory; None: build from `sources`
+    sources: list[str] = field(default_factory=list)  # files/dirs; empty: the stdlib
+    split: str = "train"
+    metrics: str | None = None  # JSON-lines path, written by rank 0
+    device: str = "auto"  # auto, cpu or cuda
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.dp, self.tp, self.pp, self.fsdp)
+
+    def gpt(self) -> GPTConfig:
+        return preset(self.model)
+
+    def check_batching(self, sampler: ElasticSampler) -> int:
+        """Micro-batches per rank and step; a one-line error for a batch this layout cannot take.
+
+        Pipelining needs micro-batches of one size within a pipeline (the stages' buffers are shaped once).
+        """
+        n_micro = sampler.micro_batches_per_rank(self.dp, self.micro_batch_size())
+        if self.pp > 1:
+            for r in range(self.dp):
+                start, stop = split_bounds(self.global_batch, self.dp, r)
+                if (stop - start) % n_micro:
+                    raise LayoutError(
+                        f"pipelining needs equal micro-batches: dp rank {r}'s {stop - start} samples do not "
+                        f"split into {n_micro}; choose a global batch and micro-batch that divide evenly"
+                    )
+        return n_micro
+
+    def micro_batch_size(self) -> int:
+        """The configured micro-batch, or auto: one per rank, pp of them per rank with pipelining."""
+        part = -(-self.global_batch // self.dp)
+        return self.micro_batch or -(-part // self.pp)
+
+
+def add_train_args(p: argparse.ArgumentParser) -> None:
+    """The flags of `tenplex train` and of `python -m tenplex.train.worker` (one definition for both)."""
+    d = TrainConfig()
+    p.add_argument("--model", default=d.model, help="preset name (tiny, small, base, medium, gpt3-...)")
+    for name in ("dp", "tp", "pp"):
+        p.add_argument(f"--{name}", type=int, default=1, help=f"{name} size")
+    p.add_argument("--fsdp", action="store_true", help="shard parameters and optimizer state over dp (FSDP2)")
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--global-batch", type=int, default=d.global_batch, help="samples per optimizer step")
+    p.add_argument("--micro-batch", type=int, default=d.micro_batch, help="samples per micro-batch (0: auto)")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--warmup", type=int, default=d.warmup)
+    p.add_argument("--total-steps", type=int, default=d.total_steps, help="cosine horizon (0: --steps)")
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--clip", type=float, default=d.clip, help="gradient-norm clip (0: off)")
+    p.add_argument("--schedule", choices=("gpipe", "1f1b"), default=d.schedule)
+    p.add_argument("--corpus", default=None, help="a built corpus directory")
+    p.add_argument("--source", dest="sources", action="append", default=[], help="text file/dir (repeat)")
+    p.add_argument("--metrics", default=None, help="JSON-lines output, one object per step")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    names = set(TrainConfig.__dataclass_fields__)
+    return TrainConfig(**{k: v for k, v in vars(args).items() if k in names})

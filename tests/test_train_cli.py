@@ -1,0 +1,77 @@
+"""`tenplex train` end to end (spawned ranks, metrics file) and the worker under torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tenplex.cli.main import main
+from tenplex.train.metrics import read_metrics
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.dist
+
+SOURCE = str(Path(json.__file__).parent)
+
+
+def test_train_command_writes_metrics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.setenv("TENPLEX_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "m.jsonl"
+    argv = ["train", "--dp", "2", "--steps", "3", "--source", SOURCE, "--metrics", str(out), "--no-progress"]
+    assert main(argv) == 0
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["layout"] == "dp2-tp1-pp1" and r["tokens"] == 8 * 64 and r["tokens_per_s"] > 0 for r in rows)
+    assert len([ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("{")]) == 3
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--tp", "3"], "does not divide"),
+        (["--pp", "3"], "more than the model's 2 layers"),
+        (["--dp", "4", "--global-batch", "2"], "at least one sample"),
+        (["--dp", "3", "--pp", "2", "--micro-batch", "2"], "equal micro-batches"),
+        (["--model", "nope"], "unknown model"),
+    ],
+)
+def test_user_errors_are_one_line(
+    flags: list[str], message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    monkeypatch.setenv("TENPLEX_CACHE", str(tmp_path / "cache"))
+    assert main(["train", "--steps", "1", "--source", SOURCE, *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("tenplex: error:") and message in err[-1]
+
+
+@pytest.mark.skipif(
+    shutil.which("torchrun") is None and not Path(sys.executable).with_name("torchrun").exists(),
+    reason="torchrun not installed",
+)
+def test_worker_under_torchrun(tmp_path: Path) -> None:
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
+    env = {**os.environ, "TENPLEX_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    cmd = [
+        torchrun,
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "tenplex.train.worker",
+        "--pp",
+        "2",
+        "--steps",
+        "2",
+        "--source",
+        SOURCE,
+        "--metrics",
+        str(tmp_path / "m.jsonl"),
+    ]
+    subprocess.run(cmd, check=True, env=env, timeout=300, capture_output=True)
+    assert [r["step"] for r in read_metrics(tmp_path / "m.jsonl")] == [1, 2]

@@ -75,7 +75,13 @@ def _read_piece(ptc: PTC, job: str, step: int, name: str, piece: Any, out: Any) 
 
 
 def load_durable(
-    state_dict: dict[str, Any], path: str, *, strict: bool, started: float, reason: str | None
+    state_dict: dict[str, Any],
+    path: str,
+    *,
+    strict: bool,
+    started: float,
+    reason: str | None,
+    process_group: Any = None,
 ) -> LoadInfo:
     """Load the target from a DCP checkpoint written by `persist` (DCP reshards into any layout).
 
@@ -88,7 +94,7 @@ def load_durable(
     except Exception as e:
         raise NoSnapshotError(f"cannot read a persisted snapshot at {path!r}: {e}") from None
     head: dict[str, Any] = {VALUES_KEY: "", STEP_KEY: 0}
-    dcp.load(head, checkpoint_id=path)
+    dcp.load(head, checkpoint_id=path, process_group=process_group)
     saved_values = value_codec.decode(json.loads(head[VALUES_KEY]))
     saved_names = set(meta) - set(head)
     missing = sorted((set(tensors) - saved_names) | (set(values) - set(saved_values)))
@@ -102,7 +108,7 @@ def load_durable(
             raise ShapeMismatchError(
                 f"tensor {name!r} is {list(size)} in {path} but {list(t.shape)} in the target"
             )
-    dcp.load(state, checkpoint_id=path)
+    dcp.load(state, checkpoint_id=path, process_group=process_group)
     restore(state_dict, tree, {k: v for k, v in saved_values.items() if k in values})
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
     return LoadInfo(

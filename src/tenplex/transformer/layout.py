@@ -25,13 +25,14 @@ class RankLayout:
     tensors: dict[str, tuple[tuple[int, ...], str, list[list[int]]]] = field(default_factory=dict)
 
 
-def describe(store: str, shards: dict[str, LocalShard]) -> RankLayout:
-    device = os.environ.get("TENPLEX_DEVICE") or f"{store}#{os.environ.get('LOCAL_RANK', world.rank())}"
-    return RankLayout(world.rank(), store, device, {n: s.describe() for n, s in shards.items()})
+def describe(store: str, shards: dict[str, LocalShard], group: world.Group = None) -> RankLayout:
+    me = world.rank(group)
+    device = os.environ.get("TENPLEX_DEVICE") or f"{store}#{os.environ.get('LOCAL_RANK', me)}"
+    return RankLayout(me, store, device, {n: s.describe() for n, s in shards.items()})
 
 
-def gather(store: str, shards: dict[str, LocalShard]) -> list[RankLayout]:
-    return world.all_gather(describe(store, shards))
+def gather(store: str, shards: dict[str, LocalShard], group: world.Group = None) -> list[RankLayout]:
+    return world.all_gather(describe(store, shards, group), group)
 
 
 def build_ptc(layouts: list[RankLayout], values: dict | None = None) -> PTC:

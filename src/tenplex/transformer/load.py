@@ -51,26 +51,30 @@ def load(
     central: bool = False,
     path: str | None = None,
     concurrency: int = 8,
+    process_group: world.Group = None,
 ) -> LoadInfo:
     """Fill `state_dict` in place from version `step` (default: the newest committed) of `job`.
 
     The target layout is whatever the tensors handed in are. `central=True` routes every byte through
     one host's store (the paper's Tenplex-Central baseline). `path` names a persisted DCP snapshot to fall
-    back to when some boxes have no surviving in-memory copy.
+    back to when some boxes have no surviving in-memory copy. `process_group`: the ranks of the job.
     """
     started = time.perf_counter()
     url = resolve(store)
     tree = expand(state_dict)
     tensors, values = flatten(tree)
     shards = {n: local_shard(n, t) for n, t in tensors.items()}
-    layouts = gather(url, shards)
+    layouts = gather(url, shards, process_group)
     new = build_ptc(layouts)
-    chosen = world.broadcast(_choose(job, step, url, layouts) if world.rank() == 0 else None)
+    group = process_group
+    chosen = world.broadcast(_choose(job, step, url, layouts) if world.rank(group) == 0 else None, group)
     if isinstance(chosen, str):
         if path is not None:
             from .durable import load_durable
 
-            return load_durable(state_dict, path, strict=strict, started=started, reason=chosen)
+            return load_durable(
+                state_dict, path, strict=strict, started=started, reason=chosen, process_group=group
+            )
         raise NoSnapshotError(chosen)
     step, manifest = chosen
     old = PTC.from_json(manifest["ptc"])
@@ -82,13 +86,15 @@ def load(
         if path is not None:
             from .durable import load_durable
 
-            return load_durable(state_dict, path, strict=strict, started=started, reason="unrecoverable")
+            return load_durable(
+                state_dict, path, strict=strict, started=started, reason="unrecoverable", process_group=group
+            )
         raise UnrecoverableError([(t, str(b)) for t, b in p.unrecoverable])
-    me = world.rank()
+    me = world.rank(group)
     moved = _execute(p.for_rank(me), shards, job, step, old_view, url, central, concurrency)
     restore(state_dict, tree, {k: v for k, v in old.values.items() if k in values})
-    world.barrier()
-    _drop_relays(job, step, url, layouts)
+    world.barrier(group)
+    _drop_relays(job, step, url, layouts, me)
     missing, unexpected = _differences(old, new, values)
     s = p.stats
     return LoadInfo(
@@ -237,12 +243,12 @@ def _execute(
     return moved
 
 
-def _drop_relays(job: str, step: int, url: str, layouts: list) -> None:
+def _drop_relays(job: str, step: int, url: str, layouts: list, me: int) -> None:
     """The lowest rank of each store frees that store's relay cache once everyone has loaded."""
     first = {}
     for lay in layouts:
         first.setdefault(lay.store, lay.rank)
-    if first.get(url) == world.rank():
+    if first.get(url) == me:
         try:
             client(url).drop_relay(job, step)
         except StoreError:

@@ -11,8 +11,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch.distributed as dist
-
 from ..ptc import values as value_codec
 from . import world
 from .errors import StateError
@@ -49,7 +47,7 @@ class SaveHandle:
         return self._thread is None or not self._thread.is_alive()
 
 
-_async_group: Any = None
+_background: dict[Any, Any] = {}  # process group -> its gloo twin for background commits
 
 
 def save(
@@ -60,16 +58,20 @@ def save(
     store: str | None = None,
     async_save: bool = False,
     keep: int | None = None,
+    process_group: world.Group = None,
 ) -> SaveHandle:
     """Snapshot `state_dict` as version `step` of `job`. Every rank calls it with its own shards.
 
     Returns after the local copy into shared memory when `async_save`, else after the version committed.
-    `keep` deletes all but the newest `keep` committed versions afterwards.
+    `keep` deletes all but the newest `keep` committed versions afterwards. `process_group`: the ranks
+    of the job (default: all).
     """
     started = time.perf_counter()
     url = resolve(store)
-    if async_save:
-        ensure_async_group()
+    group = process_group
+    if async_save and world.active() and group not in _background:
+        _background[group] = world.background_group(group)  # collective: created in the foreground
+    sync_group = _background.get(group) if async_save else group
     tensors, values = flatten(expand(state_dict))
     for name, v in values.items():
         try:
@@ -77,9 +79,9 @@ def save(
         except Exception as e:
             raise StateError(str(e)) from None
     shards = {n: local_shard(n, t) for n, t in tensors.items()}
-    layouts = gather(url, shards)
+    layouts = gather(url, shards, group)
     ptc = writers(build_ptc(layouts, values))
-    me = world.rank()
+    me = world.rank(group)
     mine = {s.tensor for s in ptc.shards(me)}
     own = client(url)
     own.create_version(job, step)
@@ -106,14 +108,14 @@ def save(
     def finish() -> None:
         for blob, _ in staged:
             own.seal_blob(job, step, blob)
-        _barrier(async_save)
+        world.barrier(sync_group)
         if me == 0:
             for url_ in manifest["stores"]:
                 c = client(url_)
                 c.commit(job, step, manifest)
                 if keep is not None:
                     c.retain(job, keep)
-        _barrier(async_save)
+        world.barrier(sync_group)
 
     handle = SaveHandle(job, step, written, local_seconds)
     if not async_save:
@@ -129,23 +131,3 @@ def save(
     handle._thread = threading.Thread(target=run, name=f"tenplex-save-{job}-{step}", daemon=True)
     handle._thread.start()
     return handle
-
-
-def _barrier(background: bool) -> None:
-    """A barrier; background commits use their own gloo group so they never interleave with training's."""
-    global _async_group
-    if not world.active():
-        return
-    if not background:
-        dist.barrier()
-        return
-    if _async_group is None:
-        raise StateError("internal: async group missing")
-    dist.barrier(group=_async_group)
-
-
-def ensure_async_group() -> None:
-    """Create the background group on every rank, in the foreground (group creation is collective)."""
-    global _async_group
-    if world.active() and _async_group is None:
-        _async_group = dist.new_group(backend="gloo")

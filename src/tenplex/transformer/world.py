@@ -1,4 +1,7 @@
-"""The process group as the transformer sees it; without one, a world of one rank."""
+"""The process group as the transformer sees it; without one, a world of one rank.
+
+Every call takes the group the job's ranks form (None: the default group), like DCP's `process_group`.
+"""
 
 from __future__ import annotations
 
@@ -6,35 +9,46 @@ from typing import Any
 
 import torch.distributed as dist
 
+Group = Any  # a torch.distributed ProcessGroup or None
+
 
 def active() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def rank() -> int:
-    return dist.get_rank() if active() else 0
+def rank(group: Group = None) -> int:
+    return dist.get_rank(group) if active() else 0
 
 
-def size() -> int:
-    return dist.get_world_size() if active() else 1
+def size(group: Group = None) -> int:
+    return dist.get_world_size(group) if active() else 1
 
 
-def all_gather(obj: Any) -> list[Any]:
+def all_gather(obj: Any, group: Group = None) -> list[Any]:
     if not active():
         return [obj]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
     return out
 
 
-def broadcast(obj: Any, src: int = 0) -> Any:
+def broadcast(obj: Any, group: Group = None) -> Any:
+    """rank 0 of `group` sends `obj` to the others."""
     if not active():
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=src)
+    dist.broadcast_object_list(box, group_src=0, group=group)
     return box[0]
 
 
-def barrier() -> None:
+def barrier(group: Group = None) -> None:
     if active():
-        dist.barrier()
+        dist.barrier(group=group)
+
+
+def background_group(group: Group = None) -> Group:
+    """A gloo group over the same ranks, for commits that finish in a background thread."""
+    if not active():
+        return None
+    ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+    return dist.new_group(ranks=ranks, backend="gloo", use_local_synchronization=True)

@@ -316,7 +316,7 @@ def _reject(sock: socket.socket) -> None:
 @route("GET", r"/v1/health")
 def _health(d: Daemon, req: Request) -> dict[str, Any]:
     return {"ok": True, "protocol": PROTOCOL_VERSION, "url": d.url, "pid": os.getpid(), "host_id": host_id(),
-            "shm_dir": d.arena.dir}  # fmt: skip
+            "shm_dir": d.arena.dir, "replicas": list(d.replicator.targets)}  # fmt: skip
 
 
 @route("GET", r"/v1/stats")

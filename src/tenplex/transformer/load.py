@@ -79,7 +79,7 @@ def load(
     step, manifest = chosen
     old = PTC.from_json(manifest["ptc"])
     common = _check_keys(old, new, values, strict)
-    lost, remap = _lost_stores(old, job, step)
+    lost, remap = _lost_stores(old, job, step, manifest.get("replicas", {}))
     old_view = _remap_hosts(old, remap)
     p = plan(subset(old_view, common), subset(new, common), lost=sorted(lost))
     if not p.complete:
@@ -166,8 +166,10 @@ def _check_keys(old: PTC, new: PTC, values: dict[str, Any], strict: bool) -> set
     return common
 
 
-def _lost_stores(old: PTC, job: str, step: int) -> tuple[set[str], dict[str, str]]:
-    """Old stores that do not answer; those whose blobs a replica holds are remapped to it."""
+def _lost_stores(
+    old: PTC, job: str, step: int, replicas: dict[str, list[str]]
+) -> tuple[set[str], dict[str, str]]:
+    """Old stores that do not answer; those whose blobs a replica store holds are remapped to it."""
     down = set()
     for url in sorted(set(old.mesh.hosts)):
         try:
@@ -176,7 +178,8 @@ def _lost_stores(old: PTC, job: str, step: int) -> tuple[set[str], dict[str, str
             down.add(url)
     remap: dict[str, str] = {}
     if down:
-        for url in sorted(set(old.mesh.hosts) - down):
+        candidates = {u for d in down for u in replicas.get(d, [])} | (set(old.mesh.hosts) - down)
+        for url in sorted(candidates - down):
             try:
                 listing = client(url).blobs(job, step)
             except StoreError:

@@ -110,9 +110,11 @@ def save(
             own.seal_blob(job, step, blob)
         world.barrier(sync_group)
         if me == 0:
+            # where each store copies its committed versions, so a load can find them when it dies
+            manifest["replicas"] = {u: client(u).health().get("replicas", []) for u in manifest["stores"]}
             for url_ in manifest["stores"]:
                 c = client(url_)
-                c.commit(job, step, manifest)
+                c.commit(job, step, manifest, wait_replicas=True)
                 if keep is not None:
                     c.retain(job, keep)
         world.barrier(sync_group)

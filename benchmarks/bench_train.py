@@ -43,10 +43,7 @@ def bench(args: argparse.Namespace) -> list[dict]:
         layouts: list[Layout] = valid_layouts(preset(args.model), world)
         if args.fsdp:
             layouts += [replace(lay, fsdp=True) for lay in layouts if lay.dp > 1]
-        cases = [
-            Case(replace(base, dp=lay.dp, tp=lay.tp, pp=lay.pp, fsdp=lay.fsdp), warmup_steps=args.warmup)
-            for lay in layouts
-        ]
+        cases = [Case(replace(base, dp=lay.dp, tp=lay.tp, pp=lay.pp, fsdp=lay.fsdp)) for lay in layouts]
         t0 = time.perf_counter()
         per_rank: list[list[CaseResult]] = spawn(run_cases, world, cases, str(corpus.path))
         print(f"world {world}: {len(cases)} layouts in {time.perf_counter() - t0:.1f}s", flush=True)

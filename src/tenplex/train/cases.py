@@ -24,7 +24,6 @@ class Case:
     save_at: int = 0  # DCP-save the job state after this step into `checkpoint` (0: never)
     load: bool = False  # DCP-load the job state from `checkpoint` before training
     checkpoint: str = ""
-    warmup_steps: int = 0  # steps excluded from the timing
 
 
 @dataclass

@@ -7,6 +7,8 @@ the parent, and the first failing rank's error (not a hang of the others) report
 from __future__ import annotations
 
 import os
+import pickle
+import queue
 import socket
 import traceback
 from collections.abc import Callable
@@ -59,6 +61,7 @@ def _entry(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(minutes=5))
         out = fn(*args)
+        pickle.dumps(out)  # fail here, reported, rather than silently in the queue's feeder thread
         results.put((rank, "ok", out))
     except BaseException as e:  # report, then exit non-zero so the parent stops the others
         if not isinstance(e, TenplexError):
@@ -88,16 +91,20 @@ def spawn(
     for p in procs:
         p.start()
     out: dict[int, Any] = {}
+    lost_polls = 0
     try:
         while len(out) < world:
             try:
                 rank, kind, value = results.get(timeout=1.0)
-            except Exception:
-                dead = [p for p in procs if p.exitcode not in (None, 0)]
-                if dead and results.empty():
-                    raise LaunchError(
-                        f"rank {procs.index(dead[0])} exited with code {dead[0].exitcode}"
-                    ) from None
+            except queue.Empty:
+                gone = [r for r, p in enumerate(procs) if p.exitcode is not None and r not in out]
+                if gone:  # results are flushed before exit: allow a few empty polls for one in flight
+                    lost_polls += 1
+                    if lost_polls > 3:
+                        code = procs[gone[0]].exitcode
+                        raise LaunchError(
+                            f"rank {gone[0]} exited with code {code} without a result"
+                        ) from None
                 continue
             if kind == "progress":
                 if on_progress is not None:

@@ -8,6 +8,8 @@ model from the seed and only then cuts it, so the global parameters are identica
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -68,6 +70,9 @@ def build_model(
     if layout.fsdp:
         from torch.distributed.fsdp import fully_shard
 
+        # the logits come out of a 3-D linear, a view; nothing modifies them in place, so FSDP's warning
+        # about in-place ops on views does not apply
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
         dp_mesh = mesh["dp"]
         for block in model.blocks.values():
             fully_shard(block, mesh=dp_mesh)

@@ -108,7 +108,7 @@ def sq_norm_share(model: nn.Module, layout: Layout) -> torch.Tensor:
     """This rank's share of the squared global gradient norm (float64), such that summing the shares over
     the whole world gives the norm once: a piece held by k ranks contributes 1/k on each of them."""
     holders = layout.dp * layout.tp  # the ranks of one pipeline stage
-    total = torch.zeros((), dtype=torch.float64)
+    shares = []
     for p in model.parameters():
         if p.grad is None:
             continue
@@ -117,9 +117,9 @@ def sq_norm_share(model: nn.Module, layout: Layout) -> torch.Tensor:
             for size, place in zip(p.grad.device_mesh.shape, p.grad.placements):
                 if not (place.is_replicate() or place.is_partial()):  # Shard, _StridedShard (FSDP+tp)
                     pieces *= size
-        sq = local(p.grad).detach().double().pow(2).sum().cpu()
-        total += sq * pieces / holders
-    return total
+        shares.append(local(p.grad).detach().double().pow(2).sum() * (pieces / holders))
+    # one device-to-host copy, not one per parameter
+    return torch.stack(shares).sum().cpu() if shares else torch.zeros((), dtype=torch.float64)
 
 
 def scale_grads(model: nn.Module, factor: float) -> None:

@@ -52,3 +52,9 @@ def test_clear_errors_and_nothing_overwritten(results):
         assert e["nonstrict_missing"] == ["model.unknown.weight"]
         assert "'model.lin.bias' is float32[7] in the snapshot but float32[8] in the target" in e["shape"]
         assert "no committed version of job 'never-saved'" in e["nosnapshot"]
+
+
+def test_async_save_then_central_load(results):
+    for r, res in enumerate(results):
+        assert res["modes"]["done"] and res["modes"]["bad"] == [], (r, res["modes"])
+        assert set(res["modes"]["bytes"]) == {"central"} and res["modes"]["bytes"]["central"] > 0

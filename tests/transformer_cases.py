@@ -277,6 +277,19 @@ def run_foreign_module(groups: dict[int, object], rank: int) -> dict:
     return out
 
 
+def run_modes(groups: dict[int, object], rank: int) -> dict:
+    """An asynchronous save, then a central load (every byte through host A's store)."""
+    out: dict = {}
+    handle = tenplex.save(build(LAYOUTS["dp2tp2"], rank, 60, False), job="modes", step=1, async_save=True)
+    handle.wait(timeout=120)
+    out["done"] = handle.done
+    target = build(LAYOUTS["tp4"], rank, 60, True)
+    info = tenplex.load(target, job="modes", central=True)
+    out["bad"] = check(target, 60)
+    out["bytes"] = info.bytes
+    return out
+
+
 def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -286,6 +299,7 @@ def main() -> None:
             "pairs": run_pairs(groups, rank),
             "errors": run_errors(groups, rank),
             "foreign": run_foreign_module(groups, rank),
+            "modes": run_modes(groups, rank),
         }
     )
     dist.destroy_process_group()

@@ -217,7 +217,7 @@ def _execute(
     own = client(url)
     hub: StoreClient | None = client(old.mesh.hosts[0]) if central else None
     sources = {(name, r): piece.box for name in staged for piece in old.pieces(name) for r in piece.holders}
-    moved: dict[str, int] = {r.value: 0 for r in Route}
+    moved: dict[str, int] = {"central": 0} if central else {r.value: 0 for r in Route}
 
     def one(f: Fetch) -> None:
         shard = shards[f.tensor]
@@ -225,7 +225,9 @@ def _execute(
         out = dst if dst.flags.c_contiguous else np.empty(dst.shape, dst.dtype)
         src_box = f.box.relative_to(sources[(f.tensor, f.src)])
         src_url, blob = old.mesh.hosts[f.src], blob_name(f.src, f.tensor)
-        if hub is not None:
+        if hub is not None and src_url == hub.url:
+            hub.read_box(job, step, blob, src_box, out)
+        elif hub is not None:
             hub.fetch_remote(src_url, job, step, blob, src_box, out)
         elif src_url == url:
             own.read_box(job, step, blob, src_box, out)
@@ -240,7 +242,7 @@ def _execute(
                 fut.result()
             except StoreError as e:
                 raise StateError(f"loading {f.tensor} {f.box} from rank {f.src}: {e}") from e
-            moved[f.route.value] += f.box.volume * old.tensors[f.tensor].itemsize
+            moved["central" if central else f.route.value] += f.box.volume * old.tensors[f.tensor].itemsize
     for s in staged.values():
         s.finish()
     return moved

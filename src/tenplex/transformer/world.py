@@ -51,4 +51,7 @@ def background_group(group: Group = None) -> Group:
     if not active():
         return None
     ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+    if len(ranks) == dist.get_world_size():
+        return dist.new_group(ranks=ranks, backend="gloo")
+    # only the group's members call this: they must not wait for the others
     return dist.new_group(ranks=ranks, backend="gloo", use_local_synchronization=True)

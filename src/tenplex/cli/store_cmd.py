@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..store import StoreClient
-from ..store.client import DEFAULT_URL
 from ..store.daemon import add_arguments, run
+from .args import add_store_args, store_client
 from .format import human_bytes, print_table
 
 
@@ -16,18 +15,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
     actions = p.add_subparsers(dest="store_action", required=False, parser_class=type(p))
     ls = actions.add_parser("ls", help="jobs, versions, blobs, sizes and copies held by a store")
-    ls.add_argument("--store", default=None, help=f"store URL (default $TENPLEX_STORE or {DEFAULT_URL})")
-    ls.add_argument("--token-file", dest="ls_token_file", default=None, help="bearer token file")
+    add_store_args(ls, token_dest="ls_token_file")
     ls.add_argument("--blobs", action="store_true", help="one row per blob instead of one per version")
     ls.set_defaults(func=_ls)
 
 
 def _ls(args: argparse.Namespace) -> int:
-    token = None
-    if args.ls_token_file:
-        with open(args.ls_token_file) as f:
-            token = f.read().strip()
-    c = StoreClient(args.store, token=token, local=False)
+    c = store_client(args.store, args.ls_token_file)
     rows: list[list[str]] = []
     for job in c.jobs():
         for v in c.version_info(job):

@@ -1,0 +1,84 @@
+"""The commands as users run them: real processes, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def tenplex(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    e = dict(os.environ, **(env or {}))
+    return subprocess.run(
+        [sys.executable, "-m", "tenplex.cli.main", *args], capture_output=True, text=True, env=e, timeout=120
+    )
+
+
+def test_plan_json_has_the_documented_fields():
+    r = tenplex("plan", "--model", "gpt3-2.7b", "--from", "dp=1,tp=4,pp=2", "--to", "dp=2,tp=4,pp=2",
+                "--devices-per-host", "4", "--json")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    for key in ("kept", "same_host", "cross_host", "cross_host_lower_bound", "total_state"):
+        assert isinstance(d["bytes"][key], int)
+    assert d["bytes"]["cross_host"] == d["bytes"]["cross_host_lower_bound"] > 0
+    assert d["central"]["bytes"]["cross_host"] > d["bytes"]["cross_host"]
+    assert d["plan_seconds"] < 5 and d["unrecoverable"] == []
+
+
+def test_plan_lost_hosts_lists_unrecoverable_boxes():
+    r = tenplex("plan", "--model", "tiny", "--from", "dp=1,tp=2,pp=2", "--to", "dp=1,tp=2,pp=1",
+                "--devices-per-host", "2", "--lost-hosts", "1", "--json")  # fmt: skip
+    d = json.loads(r.stdout)
+    names = {u["tensor"] for u in d["unrecoverable"]}
+    assert "model.blocks.1.attn.qkv.weight" in names and "model.blocks.0.attn.qkv.weight" not in names
+
+
+def test_plan_prints_a_table():
+    r = tenplex("plan", "--model", "tiny", "--from", "dp=1", "--to", "dp=2", "--devices-per-host", "1")
+    assert r.returncode == 0 and "moved across hosts" in r.stdout and "central" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "gpt5", "--from", "dp=1", "--to", "dp=2"], "unknown model 'gpt5'"),
+        (
+            ["--model", "tiny", "--from", "tp=3", "--to", "dp=2"],
+            "tp=3 does not divide the model's 4 attention heads",
+        ),
+        (["--model", "tiny", "--from", "pp=3", "--to", "dp=2"], "pp=3 is more than the model's 2 layers"),
+        (["--model", "tiny", "--from", "dp=2,tp=2", "--to", "dp=2", "--devices", "3"], "needs 2 devices"),
+        (["--model", "tiny", "--from", "dp=two", "--to", "dp=2"], "malformed layout 'dp=two'"),
+        (["--model", "tiny", "--from", "xx=1", "--to", "dp=2"], "malformed layout 'xx=1'"),
+        (["--model", "tiny", "--from", "dp=0", "--to", "dp=2"], "dp must be at least 1"),
+        (["--model", "tiny", "--from", "dp=1", "--to", "dp=2", "--lost-hosts", "7"], "--lost-hosts 7"),
+        (["--model", "tiny", "--from", "dp=1"], "required: --to"),
+    ],
+)
+def test_plan_rejects_bad_input_with_one_line_and_exit_2(args, message):
+    r = tenplex("plan", *args)
+    assert r.returncode == 2
+    assert message in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+def test_inspect_shows_a_snapshot_and_rejects_unknown_jobs():
+    import torch
+
+    import tenplex as tx
+    from tenplex.store import start_store
+
+    with start_store() as sp:
+        tx.save({"model": torch.nn.Linear(7, 13), "step": 3}, job="insp", step=3, store=sp.url)
+        r = tenplex("inspect", "--job", "insp", "--store", sp.url, "--json")
+        assert r.returncode == 0, r.stderr
+        d = json.loads(r.stdout)
+        assert d["step"] == 3 and d["values"] == ["step"]
+        assert {p["tensor"] for p in d["pieces"]} == {"model.weight", "model.bias"}
+        assert d["pieces"][0]["holders"] == [f"r0@{sp.url}"]
+        r = tenplex("inspect", "--job", "nope", "--store", sp.url)
+        assert r.returncode == 2 and "job 'nope' has no committed version" in r.stderr

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from tenplex.cli.main import main
+from tenplex.ptc import PTCError
+from tenplex.train.launch import LaunchError, spawn
 from tenplex.train.metrics import read_metrics
 
 pytest.importorskip("torch")
@@ -75,3 +77,18 @@ def test_worker_under_torchrun(tmp_path: Path) -> None:
     ]
     subprocess.run(cmd, check=True, env=env, timeout=300, capture_output=True)
     assert [r["step"] for r in read_metrics(tmp_path / "m.jsonl")] == [1, 2]
+
+
+def _fail() -> None:
+    raise PTCError("bad layout")
+
+
+def _unpicklable() -> object:
+    return lambda: None
+
+
+def test_spawn_reports_the_failing_rank_instead_of_hanging() -> None:
+    with pytest.raises(LaunchError, match="rank 0 failed: PTCError: bad layout"):
+        spawn(_fail, 1)
+    with pytest.raises(LaunchError, match=r"rank 0 failed: .*(pickle|Pickl)"):
+        spawn(_unpicklable, 1)

@@ -68,6 +68,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
             "4,1,1-gb6-fsdp": Case(cfg(4, 1, 1, global_batch=6, fsdp=True), record_params=True),
             # dp 2 -> 1, tp 1 -> 2, pp 1 -> 2 at step 10, through a DCP checkpoint of the job state
             "restore-1,2,2": Case(cfg(1, 2, 2), record_params=True, load=True, checkpoint=ckpt),
+            "restore-4,1,1": Case(cfg(4, 1, 1), record_params=True, load=True, checkpoint=ckpt),  # dp 2 -> 4
         },
     }
     out: dict[str, dict] = {}
@@ -139,9 +140,10 @@ def test_gpipe_and_1f1b_agree(results: dict[str, dict]) -> None:
     )
 
 
-def test_restore_into_another_layout_continues_the_same_run(results: dict[str, dict]) -> None:
-    """(2,1,1) saved at step 10, restored into (1,2,2): steps 11..20 are the uninterrupted run's."""
-    ref, r = results["ref"], results["restore-1,2,2"]
+@pytest.mark.parametrize("name", ["restore-1,2,2", "restore-4,1,1"])
+def test_restore_into_another_layout_continues_the_same_run(results: dict[str, dict], name: str) -> None:
+    """(2,1,1) saved at step 10, restored into another layout: steps 11..20 are the uninterrupted run's."""
+    ref, r = results["ref"], results[name]
     assert r["steps"] == list(range(11, STEPS + 1))
     np.testing.assert_allclose(r["loss"], ref["loss"][10:], rtol=0, atol=LOSS_TOL)
     assert _param_diff(r["params"], ref["params"]) <= PARAM_TOL

@@ -26,6 +26,16 @@ def test_names_and_shapes_are_the_ptc_ones(name: str, tied: bool) -> None:
     assert sum(p.numel() for p in GPT(cfg).parameters()) == cfg.param_count()
 
 
+def test_tied_head_reuses_the_embedding() -> None:
+    torch.manual_seed(0)
+    model = GPT(replace(preset("tiny"), tied=True))
+    x = torch.randint(0, 256, (2, 8))
+    logits = model(x)
+    assert logits.shape == (2, 8, 256)
+    logits.sum().backward()
+    assert model.tok_emb.weight.grad is not None and model.head is None
+
+
 def test_same_seed_same_model() -> None:
     torch.manual_seed(3)
     a = GPT(preset("tiny")).state_dict()

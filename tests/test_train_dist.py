@@ -73,6 +73,8 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     }
     out: dict[str, dict] = {}
     for world, cases in worlds.items():
+        for case in cases.values():
+            case.evaluate = 2  # held-out loss after the last step, through the same layout
         per_rank: list[list[CaseResult]] = spawn(run_cases, world, list(cases.values()), str(corpus.path))
         for i, name in enumerate(cases):
             ranks = [r[i] for r in per_rank]
@@ -84,6 +86,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
                 "norm": np.array(ranks[0].grad_norms),
                 "steps": ranks[0].steps,
                 "params": params,
+                "val": ranks[0].val_loss,
             }
     return out
 
@@ -95,8 +98,9 @@ def _param_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
     return max(float(np.abs(a[k] - b[k]).max()) for k in a)
 
 
-def _report(results: dict[str, dict]) -> dict[str, tuple[float, float]]:
-    """Largest loss and parameter differences of every case against its single-process reference."""
+def _report(results: dict[str, dict]) -> dict[str, tuple[float, float, float]]:
+    """Largest loss, parameter and held-out loss differences of every case against its single-process
+    reference."""
     diffs = {}
     for name, r in results.items():
         if name.startswith("ref"):
@@ -106,6 +110,7 @@ def _report(results: dict[str, dict]) -> dict[str, tuple[float, float]]:
         diffs[name] = (
             float(np.abs(r["loss"] - ref["loss"][lo:]).max()),
             _param_diff(r["params"], ref["params"]),
+            abs(r["val"] - ref["val"]),
         )
     return diffs
 
@@ -117,6 +122,8 @@ def test_layout_matches_single_process(results: dict[str, dict], layout: str) ->
     assert r["loss"][-1] < r["loss"][0] - 0.1  # it learns
     np.testing.assert_allclose(r["loss"], ref["loss"], rtol=0, atol=LOSS_TOL)
     np.testing.assert_allclose(r["norm"], ref["norm"], rtol=1e-4)
+    assert r["val"] == pytest.approx(ref["val"], abs=LOSS_TOL)
+    assert r["val"] < ref["loss"][0]  # the held-out loss of the trained model fell too
     assert _param_diff(r["params"], ref["params"]) <= PARAM_TOL
 
 
@@ -124,6 +131,7 @@ def test_layout_matches_single_process(results: dict[str, dict], layout: str) ->
 def test_fsdp_on_off_equivalent(results: dict[str, dict], name: str) -> None:
     off = results[name.removesuffix("-fsdp")]
     np.testing.assert_allclose(results[name]["loss"], off["loss"], rtol=0, atol=LOSS_TOL)
+    assert results[name]["val"] == pytest.approx(off["val"], abs=LOSS_TOL)
     assert _param_diff(results[name]["params"], off["params"]) <= PARAM_TOL
 
 
@@ -145,6 +153,7 @@ def test_restore_into_another_layout_continues_the_same_run(results: dict[str, d
     """(2,1,1) saved at step 10, restored into another layout: steps 11..20 are the uninterrupted run's."""
     ref, r = results["ref"], results[name]
     assert r["steps"] == list(range(11, STEPS + 1))
+    assert r["val"] == pytest.approx(ref["val"], abs=LOSS_TOL)
     np.testing.assert_allclose(r["loss"], ref["loss"][10:], rtol=0, atol=LOSS_TOL)
     assert _param_diff(r["params"], ref["params"]) <= PARAM_TOL
 
@@ -152,7 +161,7 @@ def test_restore_into_another_layout_continues_the_same_run(results: dict[str, d
 def test_report_measured_differences(results: dict[str, dict], capsys: pytest.CaptureFixture) -> None:
     diffs = _report(results)
     with capsys.disabled():
-        print("\nmax |loss diff|, max |param diff| vs single process:")
-        for name, (dl, dparam) in diffs.items():
-            print(f"  {name:16s} {dl:.2e} {dparam:.2e}")
-    assert all(dl <= LOSS_TOL and dp <= PARAM_TOL for dl, dp in diffs.values())
+        print("\nmax |loss diff|, max |param diff|, |held-out loss diff| vs single process:")
+        for name, (dl, dparam, dval) in diffs.items():
+            print(f"  {name:16s} {dl:.2e} {dparam:.2e} {dval:.2e}")
+    assert all(dl <= LOSS_TOL and dp <= PARAM_TOL and dv <= LOSS_TOL for dl, dp, dv in diffs.values())

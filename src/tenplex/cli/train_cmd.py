@@ -69,6 +69,9 @@ def run(args: argparse.Namespace) -> int:
         steady = metrics[1:] or metrics
         tps = sum(m.tokens for m in steady) / sum(m.step_time for m in steady)
         console.print(f"done: {len(metrics)} steps, final loss {metrics[-1].loss:.4f}, {tps:,.0f} tokens/s")
+        evals = [m for m in metrics if m.val_loss is not None]
+        if evals:
+            console.print(f"held-out loss at step {evals[-1].step}: {evals[-1].val_loss:.4f}")
     if cfg.metrics:
         console.print(f"metrics: {cfg.metrics}")
     return 0

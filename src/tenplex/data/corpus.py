@@ -180,9 +180,8 @@ class TokenWindows:
 
     def get(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """[len(ids), seq+1] int64 token windows."""
-        out = np.empty((len(ids), self.seq + 1), dtype=np.int64)
-        for row, i in enumerate(np.asarray(ids, dtype=np.int64)):
-            if not 0 <= i < self.num_samples:
-                raise CorpusError(f"sample {i} out of range [0, {self.num_samples})")
-            out[row] = self.tokens[i * self.seq : i * self.seq + self.seq + 1]
-        return out
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.num_samples):
+            raise CorpusError(f"sample ids out of range [0, {self.num_samples})")
+        rows = ids[:, None] * self.seq + np.arange(self.seq + 1)  # one gather from the memory map
+        return np.asarray(self.tokens[rows], dtype=np.int64)

@@ -24,6 +24,7 @@ class Case:
     save_at: int = 0  # DCP-save the job state after this step into `checkpoint` (0: never)
     load: bool = False  # DCP-load the job state from `checkpoint` before training
     checkpoint: str = ""
+    evaluate: int = 0  # held-out loss over this many global batches after the last step (0: skip)
 
 
 @dataclass
@@ -34,6 +35,7 @@ class CaseResult:
     grad_norms: list[float] = field(default_factory=list)
     step_times: list[float] = field(default_factory=list)
     tokens_per_step: int = 0
+    val_loss: float | None = None
     params: dict[str, np.ndarray] = field(default_factory=dict)  # this rank's stage, if dp=tp=0 here
 
 
@@ -54,6 +56,8 @@ def run_case(case: Case, corpus: Corpus) -> CaseResult:
         res.step_times.append(m.step_time)
         if case.save_at and m.step == case.save_at:
             dcp.save(trainer.state_dict(), checkpoint_id=case.checkpoint)
+    if case.evaluate:
+        res.val_loss = trainer.evaluate(case.evaluate)
     if case.record_params:
         full = full_model_state(trainer.model)
         if trainer.dp_rank == 0 and trainer.tp_rank == 0:

@@ -33,6 +33,8 @@ class TrainConfig:
     corpus: str | None = None  # a built corpus directory; None: build from `sources`
     sources: list[str] = field(default_factory=list)  # files/dirs; empty: the stdlib
     split: str = "train"
+    eval_every: int = 0  # held-out loss every this many steps (0: never)
+    eval_batches: int = 4  # global batches of the held-out split per evaluation
     metrics: str | None = None  # JSON-lines path, written by rank 0
     device: str = "auto"  # auto, cpu or cuda
 
@@ -84,6 +86,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schedule", choices=("gpipe", "1f1b"), default=d.schedule)
     p.add_argument("--corpus", default=None, help="a built corpus directory")
     p.add_argument("--source", dest="sources", action="append", default=[], help="text file/dir (repeat)")
+    p.add_argument("--eval-every", type=int, default=d.eval_every, help="held-out loss every N steps")
+    p.add_argument("--eval-batches", type=int, default=d.eval_batches, help="global batches per evaluation")
     p.add_argument("--metrics", default=None, help="JSON-lines output, one object per step")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device)
 

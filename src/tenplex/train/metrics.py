@@ -16,6 +16,7 @@ class StepMetrics:
     tokens: int  # tokens in the global batch
     step_time: float  # seconds, wall clock on rank 0
     layout: str
+    val_loss: float | None = None  # held-out loss, on the steps that evaluate
 
     @property
     def tokens_per_s(self) -> float:

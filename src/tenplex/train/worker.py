@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..data import Corpus, ElasticSampler, TokenWindows, build_corpus
+from ..data import Corpus, CorpusError, ElasticSampler, TokenWindows, build_corpus, split_bounds
 from .config import TrainConfig, add_train_args, config_from_args
 from .layout import LayoutError
 from .metrics import MetricsWriter, StepMetrics
@@ -77,7 +77,9 @@ class Trainer:
         self.scheduler = build_scheduler(
             self.optimizer, cfg.warmup, cfg.total_steps or cfg.steps, cfg.min_lr_ratio
         )
-        self.windows = TokenWindows((corpus or open_corpus(cfg)).tokens(cfg.split), self.gpt.seq)
+        self.corpus = corpus or open_corpus(cfg)
+        self.windows = TokenWindows(self.corpus.tokens(cfg.split), self.gpt.seq)
+        self.val_windows: TokenWindows | None = None
         self.sampler = ElasticSampler(len(self.windows), cfg.global_batch, cfg.seed)
         self.micro_batch = cfg.micro_batch_size()
         self.n_micro = cfg.check_batching(self.sampler)
@@ -104,43 +106,76 @@ class Trainer:
 
     def _batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         ids = np.concatenate(self.sampler.micro_batch_ids(self.layout.dp, self.dp_rank, self.micro_batch))
-        batch = torch.from_numpy(self.windows.get(ids)).to(self.device)
+        return self._tensors(self.windows, ids)
+
+    def _tensors(self, windows: TokenWindows, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = torch.from_numpy(windows.get(ids)).to(self.device)
         return batch[:, :-1], batch[:, 1:]
 
-    def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def _forward(self, x: torch.Tensor, y: torch.Tensor, backward: bool = True) -> torch.Tensor:
         """This rank's summed loss share (zero where the rank does not compute the loss)."""
         loss = torch.zeros((), device=self.device)
         if self.schedule is None:
             for k, (xs, ys) in enumerate(zip(x.tensor_split(self.n_micro), y.tensor_split(self.n_micro))):
-                if self.layout.fsdp:
+                if self.layout.fsdp and backward:
                     self.model.set_requires_gradient_sync(k == self.n_micro - 1)
-                micro = self.loss_fn(self.model(xs), ys)
-                micro.backward()
+                with torch.set_grad_enabled(backward):
+                    micro = self.loss_fn(self.model(xs), ys)
+                if backward:
+                    micro.backward()
                 loss += micro.detach()
             return loss
+        run = self.schedule.step if backward else self.schedule.eval
         if self.pp_rank == 0:
-            self.schedule.step(x)
+            run(x)
         elif self.pp_rank == self.layout.pp - 1:
             losses: list[torch.Tensor] = []
-            self.schedule.step(target=y, losses=losses)
+            run(target=y, losses=losses)
             loss = torch.stack([t.detach() for t in losses]).sum()
         else:
-            self.schedule.step()
+            run()
         return loss
+
+    def _global_loss(self, loss: torch.Tensor, extra: torch.Tensor | None = None) -> list[float]:
+        """[global mean loss, *extra summed over the job]: one all-reduce of a few float64 scalars."""
+        owns_loss = self.pp_rank == self.layout.pp - 1 and self.tp_rank == 0
+        parts = [loss.double().cpu() * owns_loss]
+        if extra is not None:
+            parts.append(extra)
+        shares = torch.stack(parts).to(self.device)
+        dist.all_reduce(shares)
+        return shares.tolist()
+
+    @torch.no_grad()
+    def evaluate(self, batches: int = 4) -> float:
+        """Mean loss on the held-out split over its first `batches` global batches (a fixed, unshuffled
+        order, so every layout and every step evaluates the same tokens)."""
+        if self.val_windows is None:
+            self.val_windows = TokenWindows(self.corpus.tokens("val"), self.gpt.seq)
+        gb, dp = self.cfg.global_batch, self.layout.dp
+        batches = min(batches, len(self.val_windows) // gb)
+        if batches < 1:
+            raise CorpusError(f"the held-out split has fewer than {gb} samples of {self.gpt.seq + 1} tokens")
+        self.model.eval()
+        total = 0.0
+        try:
+            for b in range(batches):
+                start, stop = split_bounds(gb, dp, self.dp_rank)
+                x, y = self._tensors(self.val_windows, np.arange(b * gb + start, b * gb + stop))
+                total += self._global_loss(self._forward(x, y, backward=False))[0]
+        finally:
+            self.model.train()
+        return total / batches
 
     # -- the step ------------------------------------------------------------------------------------------
     def train_step(self) -> StepMetrics:
         t0 = time.perf_counter()
         x, y = self._batch()
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self._forward_backward(x, y)
+        loss = self._forward(x, y)
         if not self.layout.fsdp and self.layout.dp > 1:
             allreduce_grads(self.model, self.mesh["dp"].get_group())
-        owns_loss = self.pp_rank == self.layout.pp - 1 and self.tp_rank == 0
-        shares = torch.stack([_sq_norm_share(self.model, self.layout), loss.double().cpu() * owns_loss])
-        shares = shares.to(self.device)
-        dist.all_reduce(shares)
-        sq_norm, global_loss = shares.tolist()
+        global_loss, sq_norm = self._global_loss(loss, _sq_norm_share(self.model, self.layout))
         norm = sq_norm**0.5
         if self.cfg.clip > 0 and norm > self.cfg.clip:
             scale_grads(self.model, self.cfg.clip / (norm + 1e-6))
@@ -185,6 +220,8 @@ def run_worker(cfg: TrainConfig, on_step: Callable[[StepMetrics], None] | None =
     try:
         while trainer.step < cfg.steps:
             m = trainer.train_step()
+            if cfg.eval_every and m.step % cfg.eval_every == 0:
+                m.val_loss = trainer.evaluate(cfg.eval_batches)
             out.append(m)
             if dist.get_rank() == 0:
                 if writer:

@@ -68,8 +68,12 @@ def start_store(
     replicas: int = 0,
     extra: list[str] | None = None,
     timeout: float = 30.0,
+    log: str | None = None,
 ) -> StoreProcess:
-    """Launch `python -m tenplex.store` on `port` (0: a free one) and wait until it answers."""
+    """Launch `python -m tenplex.store` on `port` (0: a free one) and wait until it answers.
+
+    With `log`, the daemon writes to that file in a session of its own, so it outlives its starter (the
+    runtime's stores survive a controller crash and are found again by the next controller)."""
     cmd = [sys.executable, "-m", "tenplex.store", "--host", host, "--port", str(port),
            "--memory-limit", memory_limit, "--replicas", str(replicas)]  # fmt: skip
     if token_file:
@@ -77,12 +81,18 @@ def start_store(
     if peers:
         cmd += ["--peers", ",".join(peers)]
     cmd += extra or []
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
     line: list[str] = []
-    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline() if proc.stdout else ""))
-    reader.daemon = True
-    reader.start()
-    reader.join(timeout)
+    if log is None:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        reader = threading.Thread(target=lambda: line.append(proc.stdout.readline() if proc.stdout else ""))
+        reader.daemon = True
+        reader.start()
+        reader.join(timeout)
+    else:
+        with open(log, "a") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    text=True, start_new_session=True)  # fmt: skip
+        line = _ready_line(log, proc, timeout)
     if not line or not line[0].startswith(READY):
         proc.kill()
         proc.wait()
@@ -106,3 +116,14 @@ def start_store(
                 sp.stop()
                 raise
             time.sleep(0.05)
+
+
+def _ready_line(log: str, proc: subprocess.Popen[str], timeout: float) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        with open(log) as f:
+            for text in f:
+                if text.startswith(READY):
+                    return [text]
+        time.sleep(0.05)
+    return []

@@ -3,8 +3,8 @@
 `job_state(...)` returns one nested dict whose tensors carry *global* names and shapes in every layout:
 
     {"model":     {fqn: Tensor | DTensor},                      # get_model_state_dict
-     "optim":     {"state": {fqn: {"exp_avg", "exp_avg_sq", "step"}},
-                   "param_groups": [{..., "params": [fqn, ...]}]},   # get_optimizer_state_dict
+     "optim":     {"state.<fqn>.exp_avg" | ".exp_avg_sq" | ".step": Tensor,
+                   "param_groups.<fqn>.<lr|betas|...>": value},  # get_optimizer_state_dict, flattened
      "scheduler": LambdaLR.state_dict(),
      "sampler":   ElasticSampler.state_dict(),                 # seed, epoch, consumed, global batch, N
      "rng":       {"torch": ByteTensor},                       # this rank's CPU generator
@@ -32,6 +32,11 @@ from torch.distributed.checkpoint.state_dict import (
 
 from ..data.sampler import ElasticSampler
 
+# optimizer state and hyperparameters keyed by parameter name ("state.<fqn>.exp_avg",
+# "param_groups.<fqn>.lr"): a pipeline stage then holds exactly its own parameters' entries, whatever
+# the layout that wrote them (as DCP recommends for resharding)
+FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+
 
 def job_state(
     model: nn.Module,
@@ -43,7 +48,7 @@ def job_state(
     """This rank's view of the whole job state, in global names and shapes (see the module docstring)."""
     return {
         "model": get_model_state_dict(model),
-        "optim": get_optimizer_state_dict(model, optimizer),
+        "optim": get_optimizer_state_dict(model, optimizer, options=FLAT),
         "scheduler": scheduler.state_dict(),
         "sampler": sampler.state_dict(),
         "rng": {"torch": torch.get_rng_state()},
@@ -60,7 +65,7 @@ def load_job_state(
 ) -> int:
     """Restore `state` (as `job_state` returns it, filled for *this* layout) and return its step."""
     set_model_state_dict(model, state["model"])
-    set_optimizer_state_dict(model, optimizer, state["optim"])
+    set_optimizer_state_dict(model, optimizer, state["optim"], options=FLAT)
     scheduler.load_state_dict(state["scheduler"])
     sampler.load_state_dict(state["sampler"])
     if "rng" in state:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..ptc import PTC, Box, Explicit, Mesh, Piece, PTCError, TensorMeta
 from . import world
@@ -23,16 +24,31 @@ class RankLayout:
     store: str
     device: str
     tensors: dict[str, tuple[tuple[int, ...], str, list[list[int]]]] = field(default_factory=dict)
+    values: dict[str, Any] = field(default_factory=dict)
 
 
-def describe(store: str, shards: dict[str, LocalShard], group: world.Group = None) -> RankLayout:
+def describe(
+    store: str, shards: dict[str, LocalShard], values: dict[str, Any], group: world.Group = None
+) -> RankLayout:
     me = world.rank(group)
     device = os.environ.get("TENPLEX_DEVICE") or f"{store}#{os.environ.get('LOCAL_RANK', me)}"
-    return RankLayout(me, store, device, {n: s.describe() for n, s in shards.items()})
+    return RankLayout(me, store, device, {n: s.describe() for n, s in shards.items()}, values)
 
 
-def gather(store: str, shards: dict[str, LocalShard], group: world.Group = None) -> list[RankLayout]:
-    return world.all_gather(describe(store, shards, group), group)
+def gather(
+    store: str, shards: dict[str, LocalShard], values: dict[str, Any], group: world.Group = None
+) -> list[RankLayout]:
+    """Every rank's shards and values; values are small (steps, hyperparameters, sampler positions)."""
+    return world.all_gather(describe(store, shards, values, group), group)
+
+
+def merged_values(layouts: list[RankLayout]) -> dict[str, Any]:
+    """The job's values: each name as its lowest rank has it (a pipeline stage's entries come from it)."""
+    out: dict[str, Any] = {}
+    for lay in layouts:
+        for k, v in lay.values.items():
+            out.setdefault(k, v)
+    return out
 
 
 def build_ptc(layouts: list[RankLayout], values: dict | None = None) -> PTC:

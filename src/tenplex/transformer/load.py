@@ -6,6 +6,7 @@ fetches each remote box once and serves it to every local rank that needs it (th
 
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from ..ptc import PTC
 from ..store import StoreClient, StoreError, StoreUnavailable
 from . import world
 from .errors import KeyMismatchError, NoSnapshotError, ShapeMismatchError, StateError, UnrecoverableError
-from .layout import blob_name, build_ptc, gather, subset
+from .layout import blob_name, build_ptc, gather, merged_values, subset
 from .save import MANIFEST_FORMAT
 from .shards import LocalShard, Staged, local_shard
 from .stores import client, resolve
@@ -52,22 +53,29 @@ def load(
     path: str | None = None,
     concurrency: int = 8,
     process_group: world.Group = None,
+    sources: list[str] | None = None,
 ) -> LoadInfo:
     """Fill `state_dict` in place from version `step` (default: the newest committed) of `job`.
 
     The target layout is whatever the tensors handed in are. `central=True` routes every byte through
     one host's store (the paper's Tenplex-Central baseline). `path` names a persisted DCP snapshot to fall
     back to when some boxes have no surviving in-memory copy. `process_group`: the ranks of the job.
+    `sources`: more stores to look for the snapshot in (default $TENPLEX_SOURCES, comma-separated) — the
+    old hosts' stores when the job moved to new hosts; the ranks' own stores are always searched.
     """
     started = time.perf_counter()
     url = resolve(store)
     tree = expand(state_dict)
     tensors, values = flatten(tree)
     shards = {n: local_shard(n, t) for n, t in tensors.items()}
-    layouts = gather(url, shards, process_group)
+    layouts = gather(url, shards, values, process_group)
+    wanted = merged_values(layouts)  # the value names of the whole target job
     new = build_ptc(layouts)
     group = process_group
-    chosen = world.broadcast(_choose(job, step, url, layouts) if world.rank(group) == 0 else None, group)
+    if sources is None:
+        sources = [s for s in os.environ.get("TENPLEX_SOURCES", "").split(",") if s]
+    urls = sorted({lay.store for lay in layouts} | {resolve(s) for s in sources}, key=lambda u: u != url)
+    chosen = world.broadcast(_choose(job, step, urls) if world.rank(group) == 0 else None, group)
     if isinstance(chosen, str):
         if path is not None:
             from .durable import load_durable
@@ -78,7 +86,7 @@ def load(
         raise NoSnapshotError(chosen)
     step, manifest = chosen
     old = PTC.from_json(manifest["ptc"])
-    common = _check_keys(old, new, values, strict)
+    common = _check_keys(old, new, wanted, strict)
     lost, remap = _lost_stores(old, job, step, manifest.get("replicas", {}))
     old_view = _remap_hosts(old, remap)
     p = plan(subset(old_view, common), subset(new, common), lost=sorted(lost))
@@ -95,7 +103,7 @@ def load(
     restore(state_dict, tree, {k: v for k, v in old.values.items() if k in values})
     world.barrier(group)
     _drop_relays(job, step, url, layouts, me)
-    missing, unexpected = _differences(old, new, values)
+    missing, unexpected = _differences(old, new, wanted)
     s = p.stats
     return LoadInfo(
         job,
@@ -110,16 +118,15 @@ def load(
     )  # fmt: skip
 
 
-def _choose(job: str, step: int | None, url: str, layouts: list) -> tuple[int, dict] | str:
-    """(step, manifest) from any reachable store of the job's new ranks, or why there is none."""
+def _choose(job: str, step: int | None, urls: list[str]) -> tuple[int, dict] | str:
+    """(step, manifest) from any reachable store among `urls`, or why there is none."""
     try:
-        return _newest(job, step, url, layouts)
+        return _newest(job, step, urls)
     except StoreError as e:
         return f"job {job!r}: cannot read a snapshot from the stores ({e})"
 
 
-def _newest(job: str, step: int | None, url: str, layouts: list) -> tuple[int, dict] | str:
-    urls = sorted({lay.store for lay in layouts}, key=lambda u: u != url)
+def _newest(job: str, step: int | None, urls: list[str]) -> tuple[int, dict] | str:
     best: tuple[int, str] | None = None
     errors = []
     for u in urls:

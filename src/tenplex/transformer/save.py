@@ -14,7 +14,7 @@ from typing import Any
 from ..ptc import values as value_codec
 from . import world
 from .errors import StateError
-from .layout import blob_name, build_ptc, gather, writers
+from .layout import blob_name, build_ptc, gather, merged_values, writers
 from .shards import LocalShard, Staged, local_shard
 from .stores import client, resolve
 from .tree import expand, flatten
@@ -79,8 +79,8 @@ def save(
         except Exception as e:
             raise StateError(str(e)) from None
     shards = {n: local_shard(n, t) for n, t in tensors.items()}
-    layouts = gather(url, shards, group)
-    ptc = writers(build_ptc(layouts, values))
+    layouts = gather(url, shards, values, group)
+    ptc = writers(build_ptc(layouts, merged_values(layouts)))
     me = world.rank(group)
     mine = {s.tensor for s in ptc.shards(me)}
     own = client(url)

@@ -1,0 +1,155 @@
+"""`tenplex run`, `tenplex choose` and `tenplex demo`: the elastic runtime from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from ..ptc import PTCError
+from ..train.config import TrainConfig
+from .format import print_table
+
+
+def _train_config(args: argparse.Namespace) -> TrainConfig:
+    return TrainConfig(
+        model=args.model,
+        global_batch=args.global_batch,
+        micro_batch=args.micro_batch,
+        seed=args.seed,
+        lr=args.lr,
+        warmup=args.warmup,
+        steps=args.steps,
+        device="cpu",
+    )
+
+
+def _add_job_args(p: argparse.ArgumentParser, steps: int, model: str, batch: int) -> None:
+    p.add_argument("--model", default=model, help="preset (tiny, small, base, ...)")
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--global-batch", type=int, default=batch)
+    p.add_argument("--micro-batch", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--devices-per-host", type=int, default=2)
+    p.add_argument("--snapshot-every", type=int, default=5, help="asynchronous in-memory snapshot interval")
+    p.add_argument("--para-config", help="JSON table: devices -> {dp, tp, pp}, overrides the chooser")
+    p.add_argument("--quiet", action="store_true")
+
+
+def _table(path: str | None) -> dict | None:
+    if not path:
+        return None
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise PTCError(f"cannot read para-config {path!r}: {e}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..runtime.controller import Controller, RunConfig
+    from ..runtime.report import plot, print_report, summary, write_json
+    from ..runtime.schedule import load_schedule
+
+    schedule = load_schedule(args.schedule)
+    run_dir = Path(args.run_dir or f"runs/{args.job}")
+    cfg = RunConfig(
+        _train_config(args),
+        schedule,
+        args.steps,
+        run_dir,
+        job=args.job,
+        devices_per_host=args.devices_per_host,
+        snapshot_every=args.snapshot_every,
+        table=_table(args.para_config),
+        quiet=args.quiet,
+    )
+    Controller(cfg).run()
+    s = summary(run_dir)
+    write_json(run_dir / "summary.json", s)
+    png = plot(run_dir, run_dir / "timeline.png")
+    print_report(s)
+    print(f"timeline: {run_dir / 'timeline.jsonl'}  plot: {png}  summary: {run_dir / 'summary.json'}")
+    return 0 if s["ledger"]["ok"] else 1
+
+
+def choose_cmd(args: argparse.Namespace) -> int:
+    from ..runtime.chooser import parse_table, rank_layouts
+    from ..store.daemon import parse_size
+
+    memory = parse_size(args.device_memory) if args.device_memory else None
+    ranked = rank_layouts(args.model, args.devices, args.global_batch, args.micro_batch, memory)
+    table = parse_table(_table(args.para_config)) if args.para_config else {}
+    if args.json:
+        print(
+            json.dumps(
+                {"choice": _choice(ranked, table, args.devices), "ranking": [e.to_json() for e in ranked]}
+            )
+        )
+        return 0
+    if not ranked:
+        raise PTCError(
+            f"no layout of {args.model} fits {args.devices} devices with global batch {args.global_batch}"
+        )
+    rows = [
+        [
+            str(i + 1),
+            f"dp={e.layout.dp},tp={e.layout.tp},pp={e.layout.pp}",
+            f"{e.seconds:.3f} s",
+            f"{e.memory / 2**20:.1f} MiB",
+        ]
+        for i, e in enumerate(ranked)
+    ]
+    print_table(
+        f"{args.model} on {args.devices} devices, global batch {args.global_batch}: estimated step time",
+        ["#", "layout", "step", "memory/device"],
+        rows,
+    )
+    if args.devices in table:
+        lay = table[args.devices]
+        print(f"para-config overrides: dp={lay.dp},tp={lay.tp},pp={lay.pp}")
+    return 0
+
+
+def _choice(ranked: list, table: dict, devices: int) -> dict | None:
+    if devices in table:
+        lay = table[devices]
+        return {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "from": "para-config"}
+    return {**ranked[0].to_json(), "from": "cost model"} if ranked else None
+
+
+def demo(args: argparse.Namespace) -> int:
+    from ..runtime.demo import run_demo
+
+    started = time.time()
+    ok = run_demo(Path(args.run_dir), model=args.model, steps=args.steps, quiet=args.quiet)
+    print(f"demo finished in {time.time() - started:.0f} s")
+    return 0 if ok else 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run a training job under a resource schedule (scale, redeploy, failures)")
+    p.add_argument("--schedule", required=True, help="JSON or YAML list of events")
+    p.add_argument("--job", default="tenplex-job")
+    p.add_argument("--run-dir", help="where the timeline, plot and stores' state go (default runs/JOB)")
+    _add_job_args(p, steps=50, model="tiny", batch=8)
+    p.set_defaults(func=run)
+
+    c = sub.add_parser("choose", help="rank the (dp, tp, pp) layouts of a model on N devices")
+    c.add_argument("--model", required=True)
+    c.add_argument("--devices", type=int, required=True)
+    c.add_argument("--global-batch", type=int, default=8)
+    c.add_argument("--micro-batch", type=int, default=0)
+    c.add_argument("--device-memory", help="e.g. 80GiB: drop layouts that do not fit")
+    c.add_argument("--para-config", help="JSON table: devices -> {dp, tp, pp}")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=choose_cmd)
+
+    d = sub.add_parser("demo", help="a 2-3 minute elastic job: dp, tp and pp changes, a redeploy, a failure")
+    d.add_argument("--run-dir", default="runs/demo")
+    d.add_argument("--model", default="tiny")
+    d.add_argument("--steps", type=int, default=60)
+    d.add_argument("--quiet", action="store_true")
+    d.set_defaults(func=demo)

@@ -1,0 +1,165 @@
+"""Emulated hosts on one machine: each with its own tensor store and a number of devices.
+
+Traffic between emulated hosts takes the stores' network path, so a reconfiguration moves its cross-host
+bytes over real sockets even here. The stores' URLs and PIDs are kept in the run directory, so a rerun
+of the controller finds them again (the snapshots live in the stores, not in the controller).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..ptc import TenplexError, device_id
+from ..store import StoreClient, StoreError, start_store
+from .schedule import Event
+
+
+class ClusterError(TenplexError):
+    """Not enough devices for what the schedule asks."""
+
+
+@dataclass
+class Cluster:
+    run_dir: Path
+    devices_per_host: int = 2
+    max_hosts: int = 16
+    memory_limit: str = "8GiB"
+    stores: dict[str, dict] = field(default_factory=dict)  # host -> {"url", "pid"}
+    failed_devices: set[str] = field(default_factory=set)
+    failed_hosts: set[str] = field(default_factory=set)
+    allocation: list[str] = field(default_factory=list)  # device ids, in rank order
+
+    # -- stores --------------------------------------------------------------------------------------------
+    @property
+    def _state_file(self) -> Path:
+        return self.run_dir / "cluster.json"
+
+    def save(self) -> None:
+        self._state_file.write_text(
+            json.dumps(
+                {
+                    "devices_per_host": self.devices_per_host,
+                    "stores": self.stores,
+                    "failed_devices": sorted(self.failed_devices),
+                    "failed_hosts": sorted(self.failed_hosts),
+                    "allocation": self.allocation,
+                },
+                indent=1,
+            )
+        )
+
+    def restore(self) -> bool:
+        """Reload a previous controller's view; stores that still answer are reused."""
+        if not self._state_file.exists():
+            return False
+        data = json.loads(self._state_file.read_text())
+        self.devices_per_host = data["devices_per_host"]
+        self.failed_devices, self.failed_hosts = set(data["failed_devices"]), set(data["failed_hosts"])
+        self.allocation = data["allocation"]
+        self.stores = {h: s for h, s in data["stores"].items() if _alive(s["url"])}
+        return True
+
+    def store_url(self, host: str) -> str:
+        if host not in self.stores:
+            log = self.run_dir / f"store-{host}.log"
+            sp = start_store(memory_limit=self.memory_limit, log=str(log))
+            self.stores[host] = {"url": sp.url, "pid": sp.proc.pid}
+            self.save()
+        return self.stores[host]["url"]
+
+    def kill_host(self, host: str) -> None:
+        """A host failure: its store dies with its snapshots."""
+        s = self.stores.pop(host, None)
+        if s:
+            _signal(s["pid"], signal.SIGKILL)
+        self.failed_hosts.add(host)
+        self.save()
+
+    def shutdown(self) -> None:
+        for s in self.stores.values():
+            _signal(s["pid"], signal.SIGTERM)
+        self.stores.clear()
+        self.save()
+
+    # -- devices -------------------------------------------------------------------------------------------
+    @staticmethod
+    def host_of(device: str) -> str:
+        return device.split("/", 1)[0]
+
+    def _hosts(self) -> list[str]:
+        return [f"h{i}" for i in range(self.max_hosts)]
+
+    def _free(self, hosts: list[str], exclude: set[str]) -> list[str]:
+        return [
+            device_id(int(h[1:]), j)
+            for h in hosts
+            if h not in self.failed_hosts
+            for j in range(self.devices_per_host)
+            if device_id(int(h[1:]), j) not in exclude | self.failed_devices
+        ]
+
+    def apply(self, event: Event) -> list[str]:
+        """The device allocation after `event` (rank order: surviving devices keep their ranks' order)."""
+        for host in event.fail_hosts:
+            self.kill_host(host)
+        current = [
+            d
+            for d in self.allocation
+            if d not in self.failed_devices and self.host_of(d) not in self.failed_hosts
+        ]
+        n = event.devices if event.devices is not None else len(current)
+        if event.redeploy:
+            used = {self.host_of(d) for d in self.allocation}
+            fresh = [h for h in self._hosts() if h not in used]
+            current, pool = [], self._free(fresh, set())
+        elif event.hosts is not None:
+            current = [d for d in current if self.host_of(d) in event.hosts]
+            pool = self._free(list(event.hosts), set(current))
+        else:
+            in_use = list(dict.fromkeys(self.host_of(d) for d in current))
+            others = [h for h in self._hosts() if h not in in_use]
+            pool = self._free(in_use + others, set(current))
+        alloc = (current + pool)[:n] if n > len(current) else _shrink(current, n, self.host_of)
+        if len(alloc) < n:
+            raise ClusterError(f"{event.describe()} needs {n} devices, only {len(alloc)} are available")
+        self.allocation = alloc
+        self.save()
+        return alloc
+
+    def fail_ranks(self, ranks: list[int]) -> list[str]:
+        devices = [self.allocation[r] for r in ranks if r < len(self.allocation)]
+        self.failed_devices |= set(devices)
+        self.save()
+        return devices
+
+
+def _shrink(devices: list[str], n: int, host_of) -> list[str]:
+    """Keep n devices, emptying the last hosts first (whole hosts can then be released)."""
+    by_host: dict[str, list[str]] = {}
+    for d in devices:
+        by_host.setdefault(host_of(d), []).append(d)
+    keep: set[str] = set()
+    for host in by_host:
+        for d in by_host[host]:
+            if len(keep) < n:
+                keep.add(d)
+    return [d for d in devices if d in keep]
+
+
+def _alive(url: str) -> bool:
+    try:
+        StoreClient(url, local=False, retries=0, timeout=2).health()
+        return True
+    except StoreError:
+        return False
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,362 @@
+"""The elastic controller: follows the resource schedule, stops the ranks at step boundaries, chooses the
+next layout, restarts the ranks in it (they load the newest snapshot), and survives failures.
+
+Ranks are local processes on emulated hosts (one tensor store each); every phase of the job (one layout
+on one set of devices) is one process group. Everything that happened is in `timeline.jsonl`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..train.config import TrainConfig
+from ..train.layout import Layout
+from .chooser import choose
+from .cluster import Cluster
+from .live import LiveView
+from .records import Records, read_records
+from .schedule import Event
+
+
+@dataclass
+class RunConfig:
+    train: TrainConfig
+    schedule: list[Event]
+    steps: int
+    run_dir: Path
+    job: str = "tenplex-job"
+    devices_per_host: int = 2
+    snapshot_every: int = 5
+    table: dict | None = None
+    persist: bool = True  # write a DCP snapshot at every reconfiguration (the durable tier)
+    quiet: bool = False
+
+
+@dataclass
+class Phase:
+    index: int
+    layout: Layout
+    devices: list[str]
+    start_step: int
+    until: int
+    procs: list[subprocess.Popen] = field(default_factory=list)
+    dir: Path = Path()
+    launched: float = 0.0
+    records: list[dict] = field(default_factory=list)
+    offset: int = 0
+    killed: list[int] = field(default_factory=list)
+    failed_at: float | None = None
+
+    @property
+    def last_step(self) -> int:
+        steps = [r["step"] for r in self.records if r["kind"] in ("step", "loaded", "fresh")]
+        return max(steps, default=self.start_step)
+
+
+class Controller:
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        cfg.run_dir.mkdir(parents=True, exist_ok=True)
+        self.cluster = Cluster(cfg.run_dir, cfg.devices_per_host)
+        self.timeline = Records(cfg.run_dir / "timeline.jsonl")
+        self.live = LiveView(cfg.steps, quiet=cfg.quiet)
+        self.started = time.time()
+        self.durable: str | None = None
+        self.forced: Layout | None = None
+
+    # -- the loop ------------------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        first, rest = cfg.schedule[0], cfg.schedule[1:]
+        resumed = self.cluster.restore()
+        step = self._committed_step() if resumed else 0
+        by_step = [
+            e for e in rest if e.step is not None and e.step >= step and (e.step > step or not resumed)
+        ]
+        by_time = [e for e in rest if e.time is not None]
+        if resumed:
+            self.timeline.write("resume", step=step, stores=self.cluster.stores)
+            self.live.note(f"resuming job {cfg.job} from its committed step {step}")
+        else:
+            self.timeline.write(
+                "start",
+                job=cfg.job,
+                steps=cfg.steps,
+                schedule=[e.describe() for e in cfg.schedule],
+                train=asdict(cfg.train),
+            )
+        if not self.cluster.allocation:
+            self._apply(first, step)
+        index, prev = 0, None
+        while step < cfg.steps:
+            while by_step and by_step[0].step <= step and not by_step[0].is_failure:
+                self._apply(by_step.pop(0), step)
+            layout = self._layout(len(self.cluster.allocation))
+            until = min([cfg.steps] + [e.step for e in by_step if not e.is_failure])
+            phase = self._launch(index, layout, step, until)
+            self._monitor(phase, by_step, by_time)
+            self._report_reconfig(prev, phase)
+            if phase.failed_at is not None:
+                survivors = self._handle_failure(phase)
+                step = self._committed_step()
+                lost = phase.last_step - step
+                self.timeline.write("recover", step=step, lost_steps=lost, devices=survivors)
+                self.live.note(
+                    f"recovering on {len(survivors)} devices from step {step} ({lost} steps to replay)"
+                )
+            else:
+                step = phase.last_step
+                while by_time and self._elapsed() >= by_time[0].time:
+                    self._apply(by_time.pop(0), step)
+                if cfg.persist and step < cfg.steps:
+                    self._persist(step)
+            prev, index = phase, index + 1
+        self.timeline.write("finish", step=step, seconds=self._elapsed())
+        self.live.close()
+        return {"run_dir": str(cfg.run_dir), "steps": step, "phases": index}
+
+    def _apply(self, e: Event, step: int) -> None:
+        self.cluster.apply(e)
+        self.forced = (
+            Layout(e.layout.get("dp", 1), e.layout.get("tp", 1), e.layout.get("pp", 1)) if e.layout else None
+        )
+        self.timeline.write("event", step=step, event=e.describe(), devices=list(self.cluster.allocation))
+
+    def _elapsed(self) -> float:
+        return time.time() - self.started
+
+    def _layout(self, devices: int) -> Layout:
+        if self.forced is not None and self.forced.world == devices:
+            return self.forced
+        t = self.cfg.train
+        return choose(t.model, devices, t.global_batch, t.micro_batch, table=self.cfg.table)
+
+    def _committed_step(self) -> int:
+        from ..store import StoreClient, StoreError
+
+        best = 0
+        for s in self.cluster.stores.values():
+            try:
+                best = max(best, StoreClient(s["url"], local=False).latest(self.cfg.job) or 0)
+            except StoreError:
+                continue
+        return best
+
+    # -- one phase -----------------------------------------------------------------------------------------
+    def _launch(self, index: int, layout: Layout, step: int, until: int) -> Phase:
+        cfg = self.cfg
+        devices = list(self.cluster.allocation)
+        phase = Phase(index, layout, devices, step, until, dir=cfg.run_dir / f"phase{index}")
+        phase.dir.mkdir(parents=True, exist_ok=True)
+        t = TrainConfig(
+            **{
+                **asdict(cfg.train),
+                "dp": layout.dp,
+                "tp": layout.tp,
+                "pp": layout.pp,
+                "steps": until,
+                "total_steps": cfg.train.total_steps or cfg.steps,
+                "metrics": None,
+            }
+        )
+        spec = {
+            "train": asdict(t),
+            "job": cfg.job,
+            "until": until,
+            "snapshot_every": cfg.snapshot_every,
+            "out": str(phase.dir),
+            "stop_file": str(phase.dir / "stop"),
+            "durable": self.durable,
+        }
+        (phase.dir / "spec.json").write_text(json.dumps(spec, indent=1))
+        port = _free_port()
+        self.timeline.write(
+            "launch",
+            phase=index,
+            layout=str(layout),
+            devices=devices,
+            step=step,
+            until=until,
+            hosts=sorted({Cluster.host_of(d) for d in devices}),
+        )
+        self.live.note(
+            f"phase {index}: {layout} on {len(devices)} devices "
+            f"({', '.join(sorted({Cluster.host_of(d) for d in devices}))}), steps {step}..{until}"
+        )
+        phase.launched = time.time()
+        for rank, device in enumerate(devices):
+            env = dict(os.environ)
+            env.update(
+                RANK=str(rank),
+                WORLD_SIZE=str(len(devices)),
+                LOCAL_RANK=device.rsplit("d", 1)[1],
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                OMP_NUM_THREADS="1",
+                TENPLEX_STORE=self.cluster.store_url(Cluster.host_of(device)),
+                TENPLEX_DEVICE=device,
+                TENPLEX_EMULATED_HOSTS="1",
+                TENPLEX_SOURCES=",".join(s["url"] for s in self.cluster.stores.values()),
+                TENPLEX_WORKER_SPEC=str(phase.dir / "spec.json"),
+            )
+            log = open(phase.dir / f"rank{rank}.log", "w")  # noqa: SIM115 - owned by the child
+            phase.procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "tenplex.runtime.worker"],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    preexec_fn=_die_with_parent,
+                )
+            )
+            log.close()
+        return phase
+
+    def _monitor(self, phase: Phase, by_step: list[Event], by_time: list[Event]) -> None:
+        """Follow the ranks' records until they exit; fire failure and time events on the way."""
+        fails = [e for e in by_step if e.is_failure and phase.start_step <= e.step < phase.until]
+        deadline = by_time[0].time if by_time else None
+        while True:
+            new, phase.offset = read_records(phase.dir / "worker.jsonl", phase.offset)
+            for r in new:
+                phase.records.append(r)
+                self.timeline.write(
+                    "worker",
+                    phase=phase.index,
+                    event=r["kind"],
+                    at=r["time"],
+                    **{k: v for k, v in r.items() if k not in ("time", "kind")},
+                )
+                self.live.record(r, phase.layout)
+            trained = any(r["kind"] == "step" for r in phase.records)
+            for e in list(fails):
+                if trained and phase.last_step >= e.step and phase.failed_at is None:
+                    fails.remove(e)
+                    by_step.remove(e)
+                    self._fail(phase, e)
+            if deadline is not None and self._elapsed() >= deadline:
+                (phase.dir / "stop").touch()
+            codes = [p.poll() for p in phase.procs]
+            if all(c is not None for c in codes):
+                break
+            if phase.failed_at is None and any(c not in (None, 0) for c in codes):
+                phase.failed_at = time.time()  # a rank died on its own: the rest cannot go on
+                phase.killed = [i for i, c in enumerate(codes) if c not in (None, 0)]
+                self.timeline.write("crash", phase=phase.index, ranks=phase.killed, step=phase.last_step)
+            if phase.failed_at is not None and time.time() - phase.failed_at > 2:
+                for p in phase.procs:
+                    if p.poll() is None:
+                        p.kill()
+            time.sleep(0.05)
+        new, phase.offset = read_records(phase.dir / "worker.jsonl", phase.offset)
+        phase.records.extend(new)
+        for r in new:
+            self.live.record(r, phase.layout)
+        if phase.failed_at is None and any(p.returncode != 0 for p in phase.procs):
+            phase.failed_at = time.time()
+
+    def _fail(self, phase: Phase, e: Event) -> None:
+        ranks = [r for r in e.fail if r < len(phase.procs)]
+        hosts = set(e.fail_hosts) & {Cluster.host_of(d) for d in phase.devices}
+        ranks += [r for r, d in enumerate(phase.devices) if Cluster.host_of(d) in hosts and r not in ranks]
+        if not ranks:
+            self.timeline.write("fail_skipped", phase=phase.index, event=e.describe())
+            self.live.note(f"{e.describe()}: no such rank or host in the running job, nothing to kill")
+            return
+        for r in ranks:
+            phase.procs[r].kill()
+        for h in hosts:
+            self.cluster.kill_host(h)
+        phase.killed, phase.failed_at = ranks, time.time()
+        self.timeline.write(
+            "fail",
+            phase=phase.index,
+            step=phase.last_step,
+            ranks=ranks,
+            hosts=sorted(hosts),
+            devices=[phase.devices[r] for r in ranks],
+        )
+        self.live.note(
+            f"FAILURE at step {phase.last_step}: killed ranks {ranks}"
+            + (f" and hosts {sorted(hosts)}" if hosts else "")
+        )
+
+    def _handle_failure(self, phase: Phase) -> list[str]:
+        self.cluster.fail_ranks(phase.killed)
+        return self.cluster.apply(Event(step=phase.last_step))
+
+    def _persist(self, step: int) -> None:
+        import tenplex
+
+        from ..store import StoreError
+        from ..transformer import StateError
+
+        path = self.cfg.run_dir / "durable" / f"step-{step}"
+        store = next(iter(self.cluster.stores.values()))["url"]
+        try:
+            info = tenplex.persist(self.cfg.job, step, str(path), store=store)
+        except (StoreError, StateError) as e:
+            self.timeline.write("persist_failed", step=step, error=str(e))
+            return
+        self.durable = str(path)
+        self.timeline.write(
+            "persist", step=step, path=str(path), seconds=info["seconds"], bytes=info["bytes"]
+        )
+
+    def _report_reconfig(self, prev: Phase | None, phase: Phase) -> None:
+        """Downtime: from the old phase's last step (or the failure) to the new phase's ranks being ready."""
+        ready = next((r for r in phase.records if r["kind"] == "ready"), None)
+        loaded = next((r for r in phase.records if r["kind"] == "loaded"), None)
+        if prev is None or ready is None:
+            return
+        last_steps = [r for r in prev.records if r["kind"] == "step"]
+        saved = next((r for r in prev.records if r["kind"] == "saved"), None)
+        since = (
+            prev.failed_at
+            if prev.failed_at is not None
+            else (last_steps[-1]["time"] if last_steps else prev.launched)
+        )
+        info = {
+            "from": str(prev.layout),
+            "to": str(phase.layout),
+            "step": phase.start_step,
+            "failure": prev.failed_at is not None,
+            "downtime": ready["time"] - since,
+            "save_seconds": saved["seconds"] if saved else None,
+            "load_seconds": loaded["seconds"] if loaded else None,
+            "build_seconds": ready.get("build_seconds"),
+            "bytes": loaded["bytes"] if loaded else {},
+            "plan": loaded["plan"] if loaded else {},
+            "source": loaded["source"] if loaded else "none",
+            "redeploy": not (
+                {Cluster.host_of(d) for d in prev.devices} & {Cluster.host_of(d) for d in phase.devices}
+            ),
+        }
+        self.timeline.write("reconfig", **info)
+        self.live.reconfig(info)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """Workers die with the controller (Linux); the stores, in sessions of their own, do not."""
+    try:
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass

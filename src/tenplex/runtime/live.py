@@ -1,0 +1,63 @@
+"""What the controller shows while the job runs: the layout, step, loss and tokens/s, and each
+reconfiguration with its downtime and bytes moved."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from ..cli.format import human_bytes
+
+
+class LiveView:
+    def __init__(self, steps: int, quiet: bool = False) -> None:
+        self.steps, self.quiet = steps, quiet
+        self.tty = sys.stdout.isatty()
+
+    def _print(self, text: str) -> None:
+        if not self.quiet:
+            if self.tty:
+                sys.stdout.write("\r\033[K")
+            print(text, flush=True)
+
+    def note(self, text: str) -> None:
+        self._print(f"[tenplex] {text}")
+
+    def record(self, r: dict[str, Any], layout: Any) -> None:
+        if self.quiet:
+            return
+        if r["kind"] == "step":
+            line = (
+                f"step {r['step']:>4}/{self.steps}  {layout}  loss {r['loss']:.4f}  "
+                f"{r['tokens_per_s']:8.0f} tok/s  {r['step_time']:.2f} s/step"
+            )
+            if self.tty:
+                sys.stdout.write("\r\033[K" + line)
+                sys.stdout.flush()
+            elif r["step"] % 5 == 0 or r["step"] == self.steps:
+                print(line, flush=True)
+        elif r["kind"] == "loaded":
+            moved = sum(v for k, v in r["bytes"].items() if k != "kept")
+            rate = moved / r["seconds"] / 1e6 if r["seconds"] > 0 else 0.0
+            self._print(
+                f"  loaded step {r['step']} in {r['seconds']:.2f} s from {r['source']}: "
+                f"{human_bytes(moved)} moved ({rate:.0f} MB/s), {_routes(r['bytes'])}"
+            )
+        elif r["kind"] == "saved":
+            self._print(
+                f"  saved step {r['step']} in {r['seconds']:.2f} s ({human_bytes(r['bytes'])} written)"
+            )
+
+    def reconfig(self, info: dict[str, Any]) -> None:
+        kind = (
+            "failure recovery" if info["failure"] else ("redeploy" if info["redeploy"] else "reconfiguration")
+        )
+        self._print(f"  {kind} {info['from']} -> {info['to']}: downtime {info['downtime']:.2f} s")
+
+    def close(self) -> None:
+        if self.tty and not self.quiet:
+            print()
+
+
+def _routes(b: dict[str, float]) -> str:
+    return ", ".join(f"{k} {human_bytes(v)}" for k, v in b.items() if v)

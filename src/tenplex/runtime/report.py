@@ -1,0 +1,201 @@
+"""After a run: the loss curve, the reconfigurations, the data ledger, the plot.
+
+The ledger is checked against the dataset PTC itself: every step's global batch must be the one the seeded
+order prescribes, so no sample is repeated or skipped within an epoch; steps replayed after a failure are
+counted as such (their later run is the one that counts).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from ..data.sampler import ElasticSampler
+from .records import read_records
+
+
+def timeline(run_dir: Path) -> list[dict[str, Any]]:
+    return read_records(run_dir / "timeline.jsonl")[0]
+
+
+def losses(records: list[dict[str, Any]]) -> dict[int, float]:
+    """Loss per step; a step run again after a failure keeps its last value."""
+    out: dict[int, float] = {}
+    for r in records:
+        if r["kind"] == "worker" and r["event"] == "step":
+            out[r["step"]] = r["loss"]
+    return dict(sorted(out.items()))
+
+
+def ledger(run_dir: Path) -> dict[str, Any]:
+    """Check the samples every step consumed against the seeded order."""
+    phases = sorted((p for p in run_dir.glob("phase*") if p.is_dir()), key=lambda p: int(p.name[5:]))
+    final: dict[int, list[int]] = {}
+    runs: dict[int, int] = defaultdict(int)
+    sampler_state = None
+    for p in phases:
+        per_step: dict[int, dict[int, list[int]]] = defaultdict(dict)
+        for f in p.glob("ledger-dp*.jsonl"):
+            for r in read_records(f)[0]:
+                per_step[r["step"]][r["dp"]] = r["ids"]
+        for r in read_records(p / "worker.jsonl")[0]:
+            if r["kind"] == "ready" and sampler_state is None:
+                sampler_state = r["sampler"]
+        for step, parts in per_step.items():
+            runs[step] += 1
+            final[step] = [i for dp in sorted(parts) for i in parts[dp]]
+    if sampler_state is None:
+        return {"ok": False, "reason": "no records"}
+    s = sampler_state
+    sampler = ElasticSampler(s["num_samples"], s["global_batch"], s["seed"])
+    bad, seen, epoch_ids = [], set(), set()
+    for step in range(1, max(final, default=0) + 1):
+        epoch = sampler.state.epoch
+        want = sampler.global_batch_ids().tolist()
+        got = final.get(step)
+        if got != want:
+            bad.append(step)
+        if got:
+            if sampler.state.epoch != epoch:
+                epoch_ids = set()
+            dup = epoch_ids & set(got)
+            if dup:
+                bad.append(step)
+            epoch_ids |= set(got)
+            seen |= set(got)
+        sampler.advance()
+    return {
+        "ok": not bad,
+        "steps": len(final),
+        "samples": len(seen),
+        "mismatched_steps": sorted(set(bad)),
+        "replayed_steps": sorted(s for s, n in runs.items() if n > 1),
+    }
+
+
+def summary(run_dir: Path, static: dict[int, float] | None = None, tolerance: float = 2e-6) -> dict[str, Any]:
+    recs = timeline(run_dir)
+    elastic = losses(recs)
+    out: dict[str, Any] = {
+        "run_dir": str(run_dir),
+        "steps": max(elastic, default=0),
+        "reconfigurations": [r for r in recs if r["kind"] == "reconfig"],
+        "failures": [r for r in recs if r["kind"] in ("fail", "crash")],
+        "recoveries": [r for r in recs if r["kind"] == "recover"],
+        "ledger": ledger(run_dir),
+        "losses": elastic,
+    }
+    if static is not None:
+        common = sorted(set(elastic) & set(static))
+        diff = max((abs(elastic[s] - static[s]) for s in common), default=float("nan"))
+        out["static"] = {
+            "steps": len(common),
+            "max_loss_diff": diff,
+            "tolerance": tolerance,
+            "match": len(common) == len(static) and diff <= tolerance,
+        }
+    return out
+
+
+def plot(run_dir: Path, out: Path, static: dict[int, float] | None = None) -> Path:
+    """Devices and layout over time, loss against step with the reconfigurations marked, and downtimes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recs = timeline(run_dir)
+    t0 = recs[0]["time"] if recs else 0.0
+    launches = [r for r in recs if r["kind"] == "launch"]
+    reconfigs = [r for r in recs if r["kind"] == "reconfig"]
+    fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(10, 10), gridspec_kw={"height_ratios": [2, 3, 2]})
+    for i, r in enumerate(launches):
+        start = r["time"] - t0
+        end = launches[i + 1]["time"] - t0 if i + 1 < len(launches) else recs[-1]["time"] - t0
+        ax1.hlines(len(r["devices"]), start, end, lw=4)
+        ax1.annotate(
+            r["layout"], (start, len(r["devices"])), textcoords="offset points", xytext=(2, 6), fontsize=8
+        )
+    for r in recs:
+        if r["kind"] in ("fail", "crash"):
+            ax1.axvline(r["time"] - t0, color="red", ls="--", lw=1)
+    ax1.set_xlabel("time (s)")
+    ax1.set_ylabel("devices")
+    ax1.set_title("devices and layout over time (red: failures)")
+    el = losses(recs)
+    ax2.plot(list(el), list(el.values()), label="elastic run", lw=1.5)
+    if static:
+        ax2.plot(list(static), list(static.values()), "--", label="static run", lw=1)
+    for r in reconfigs:
+        ax2.axvline(r["step"], color="red" if r["failure"] else "gray", ls=":", lw=1)
+    ax2.set_xlabel("step")
+    ax2.set_ylabel("loss")
+    ax2.legend()
+    ax2.set_title("loss (dotted lines: reconfigurations)")
+    labels = [f"{r['from']}\n->{r['to']}" for r in reconfigs]
+    ax3.bar(
+        range(len(reconfigs)),
+        [r["downtime"] for r in reconfigs],
+        color=["red" if r["failure"] else "steelblue" for r in reconfigs],
+    )
+    ax3.set_xticks(range(len(reconfigs)), labels, fontsize=7)
+    ax3.set_ylabel("downtime (s)")
+    ax3.set_title("downtime of each reconfiguration (red: failure recovery)")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=1, default=str))
+
+
+def print_report(s: dict) -> None:
+    """Each reconfiguration (downtime, bytes moved against the lower bound), recoveries, the loss
+    comparison with a static run when there is one, and the data ledger."""
+    from ..cli.format import human_bytes, print_table
+
+    rows = []
+    for r in s["reconfigurations"]:
+        moved = sum(v for k, v in r["bytes"].items() if k != "kept")
+        kind = "failure" if r["failure"] else ("redeploy" if r["redeploy"] else "planned")
+        rows.append(
+            [
+                f"{r['from']} -> {r['to']}",
+                kind,
+                str(r["step"]),
+                f"{r['downtime']:.1f} s",
+                f"{r['load_seconds'] or 0:.2f} s",
+                human_bytes(moved),
+                human_bytes(r["bytes"].get("cross_host", 0)),
+                human_bytes(r["plan"].get("cross_host_lower_bound", 0)),
+                r["source"],
+            ]
+        )
+    print_table(
+        "reconfigurations (downtime: last step of the old layout to the new one ready to train)",
+        ["change", "kind", "at step", "downtime", "load", "moved", "cross-host", "lower bound", "from"],
+        rows,
+    )
+    for rec in s["recoveries"]:
+        print(
+            f"failure recovery: resumed from the snapshot at step {rec['step']}, "
+            f"{rec['lost_steps']} steps replayed"
+        )
+    if "static" in s:
+        st = s["static"]
+        verdict = "MATCHES" if st["match"] else "DIFFERS FROM"
+        print(
+            f"loss curve {verdict} the static run: {st['steps']} steps, largest difference "
+            f"{st['max_loss_diff']:.2e} (tolerance {st['tolerance']:.0e})"
+        )
+    led = s["ledger"]
+    verdict = "every sample exactly once" if led["ok"] else f"MISMATCH at steps {led['mismatched_steps']}"
+    print(
+        f"data ledger: {verdict} ({led.get('samples')} samples in {led.get('steps')} steps; "
+        f"replayed after failures: {led.get('replayed_steps')})"
+    )

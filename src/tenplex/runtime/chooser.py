@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from ..ptc import GPTConfig, PTCError, preset
-from ..train.layout import Layout, valid_layouts
+from ..ptc import GPTConfig, PTCError, check_layout, preset
+from ..train.layout import Layout
 
 FEATURES = ("constant", "compute", "tp_comm", "tp_calls", "dp_comm", "pp_comm", "processes")
 
@@ -72,7 +72,7 @@ def memory_per_device(cfg: GPTConfig, lay: Layout, global_batch: int, micro_batc
     """fp32 parameters, gradients and AdamW moments (16 B a parameter) plus one micro-batch's activations."""
     state = 16 * cfg.param_count() / (lay.tp * lay.pp) / (lay.dp if lay.fsdp else 1)
     micro = micro_batch or max(1, global_batch // lay.dp)
-    acts = 34 * micro * cfg.seq * cfg.hidden * cfg.layers / lay.pp / lay.tp * 4
+    acts = 34 * micro * cfg.seq * cfg.hidden * cfg.layers / lay.pp / lay.tp * 2  # Megatron's 34sbh, in fp32
     return int(state + acts)
 
 
@@ -150,12 +150,26 @@ def default_model() -> CostModel:
     return CostModel.fit(calibration_rows(data), data["cores"])
 
 
+def _layouts(cfg: GPTConfig, devices: int) -> list[Layout]:
+    """Every (dp, tp, pp) of `devices` that the architecture allows (tp divides the heads, pp the layers)."""
+    out = []
+    for tp in range(1, devices + 1):
+        for pp in range(1, devices // tp + 1):
+            if devices % (tp * pp) == 0:
+                try:
+                    check_layout(cfg, devices // (tp * pp), tp, pp)
+                except PTCError:
+                    continue
+                out.append(Layout(devices // (tp * pp), tp, pp))
+    return out
+
+
 def candidates(
     cfg: GPTConfig, devices: int, global_batch: int, micro_batch: int = 0, device_memory: int | None = None
 ) -> list[Layout]:
     """Layouts the model, the batch and the memory allow: heads % tp, layers % pp, global batch % dp."""
     out = []
-    for lay in valid_layouts(cfg, devices):
+    for lay in _layouts(cfg, devices):
         if cfg.layers % lay.pp or global_batch % lay.dp:
             continue
         if (

@@ -78,7 +78,10 @@ class Controller:
         cfg = self.cfg
         first, rest = cfg.schedule[0], cfg.schedule[1:]
         resumed = self.cluster.restore()
-        step = self._committed_step() if resumed else 0
+        step = 0
+        if resumed:
+            self.durable, durable_step = self._newest_durable()
+            step = max(self._committed_step(), durable_step)
         by_step = [
             e for e in rest if e.step is not None and e.step >= step and (e.step > step or not resumed)
         ]
@@ -103,8 +106,7 @@ class Controller:
             layout = self._layout(len(self.cluster.allocation))
             until = min([cfg.steps] + [e.step for e in by_step if not e.is_failure])
             phase = self._launch(index, layout, step, until)
-            self._monitor(phase, by_step, by_time)
-            self._report_reconfig(prev, phase)
+            self._monitor(phase, by_step, by_time, prev)
             if phase.failed_at is not None:
                 survivors = self._handle_failure(phase)
                 step = self._committed_step()
@@ -139,6 +141,14 @@ class Controller:
             return self.forced
         t = self.cfg.train
         return choose(t.model, devices, t.global_batch, t.micro_batch, table=self.cfg.table)
+
+    def _newest_durable(self) -> tuple[str | None, int]:
+        """The newest persisted DCP snapshot of a previous controller (path, step), if any."""
+        done = [p for p in (self.cfg.run_dir / "durable").glob("step-*") if (p / ".metadata").exists()]
+        if not done:
+            return None, 0
+        best = max(done, key=lambda p: int(p.name[5:]))
+        return str(best), int(best.name[5:])
 
     def _committed_step(self) -> int:
         from ..store import StoreClient, StoreError
@@ -222,7 +232,7 @@ class Controller:
             log.close()
         return phase
 
-    def _monitor(self, phase: Phase, by_step: list[Event], by_time: list[Event]) -> None:
+    def _monitor(self, phase: Phase, by_step: list[Event], by_time: list[Event], prev: Phase | None) -> None:
         """Follow the ranks' records until they exit; fire failure and time events on the way."""
         fails = [e for e in by_step if e.is_failure and phase.start_step <= e.step < phase.until]
         deadline = by_time[0].time if by_time else None
@@ -238,6 +248,8 @@ class Controller:
                     **{k: v for k, v in r.items() if k not in ("time", "kind")},
                 )
                 self.live.record(r, phase.layout)
+                if r["kind"] == "ready":
+                    self._report_reconfig(prev, phase)
             trained = any(r["kind"] == "step" for r in phase.records)
             for e in list(fails):
                 if trained and phase.last_step >= e.step and phase.failed_at is None:

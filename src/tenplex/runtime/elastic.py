@@ -1,0 +1,78 @@
+"""torchrun / TorchElastic entry point: the elastic worker with its spec given as flags.
+
+    torchrun --nnodes=1:2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT \\
+        --rdzv-id=JOB --max-restarts=5 -m tenplex.runtime.elastic --model tiny --steps 40 --job JOB --out DIR
+
+torchrun owns membership: when an agent (a node) joins or leaves, it stops every worker and starts them
+again with the new WORLD_SIZE. Nothing is kept in the processes, so each start is the same: choose the
+(dp, tp, pp) for this WORLD_SIZE (or take it from --table), build empty tensors in that layout, load the
+newest committed snapshot from the stores into them, continue. Steps since that snapshot are replayed, so
+--snapshot-every bounds the work a membership change costs. Each agent is a host: its environment names
+its store (TENPLEX_STORE) and every store a snapshot may be in (TENPLEX_SOURCES).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from ..train.config import add_train_args, config_from_args
+
+
+def _read_table(path: str) -> dict:
+    """A para-config file (JSON, or YAML when PyYAML is installed): devices -> {dp, tp, pp}."""
+    text = Path(path).read_text()
+    if path.endswith((".yaml", ".yml")):
+        import yaml
+
+        return yaml.safe_load(text)
+    return json.loads(text)
+
+
+def build_spec(argv: list[str] | None = None) -> dict[str, Any]:
+    """The worker spec from command-line flags; the layout is left to the chooser (it follows WORLD_SIZE)."""
+    p = argparse.ArgumentParser(
+        prog="python -m tenplex.runtime.elastic",
+        description="one rank of a tenplex job under torchrun (c10d rendezvous, elastic membership)",
+    )
+    add_train_args(p)
+    p.add_argument("--job", required=True, help="job name in the stores (the same on every start)")
+    p.add_argument("--out", required=True, help="directory for records (worker.jsonl, ledgers)")
+    p.add_argument("--snapshot-every", type=int, default=2, help="async snapshot every N steps (0: never)")
+    p.add_argument("--until", type=int, default=0, help="stop at this step (0: --steps)")
+    p.add_argument("--table", default=None, help="para-config file: devices -> {dp, tp, pp}")
+    p.add_argument("--durable", default=None, help="persisted DCP snapshot to fall back to")
+    p.add_argument("--stop-file", default=None, help="stop (and save) at the next step once this exists")
+    args = p.parse_args(argv)
+    cfg = config_from_args(args)
+    cfg.dp = cfg.tp = cfg.pp = 1  # chosen per WORLD_SIZE in the worker
+    return {
+        "train": asdict(cfg),
+        "job": args.job,
+        "until": args.until or cfg.steps,
+        "snapshot_every": args.snapshot_every,
+        "out": args.out,
+        "stop_file": args.stop_file,
+        "durable": args.durable,
+        "choose": True,
+        "table": _read_table(args.table) if args.table else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    spec = build_spec(argv)
+    if "WORLD_SIZE" not in os.environ:
+        print("tenplex elastic: run me under torchrun (WORLD_SIZE is not set)", file=sys.stderr)
+        return 2
+    from .worker import run
+
+    return run(spec)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""The elastic runtime: schedules, the layout chooser, and whole jobs under changes and failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tenplex.ptc import PRESETS, preset
+from tenplex.runtime.chooser import (
+    ChooserError,
+    calibration,
+    calibration_rows,
+    candidates,
+    choose,
+    default_model,
+    parse_table,
+)
+from tenplex.runtime.schedule import ScheduleError, parse_schedule
+from tenplex.train.layout import Layout
+
+# -- schedule ---------------------------------------------------------------------------------------------
+
+
+def test_schedule_parses_every_kind_of_event():
+    events = parse_schedule(
+        [
+            {"step": 0, "devices": 2},
+            {"step": 10, "devices": 4, "layout": {"tp": 2, "pp": 2}},
+            {"step": 20, "redeploy": True},
+            {"step": 25, "hosts": ["h0"]},
+            {"step": 30, "fail": [1]},
+            {"step": 31, "fail_hosts": ["h3"]},
+            {"time": 60.5, "devices": 1},
+        ]
+    )
+    assert events[1].layout == {"tp": 2, "pp": 2} and events[2].redeploy and events[4].is_failure
+    assert events[6].time == 60.5 and "fail ranks [1]" in events[4].describe()
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ([], "non-empty list"),
+        ([{"step": 3, "devices": 2}], "first event must be at step 0"),
+        ([{"step": 0}], "first event must be at step 0 (or time 0) and say how many devices"),
+        ([{"step": 0, "devices": 0}], "devices must be a positive integer"),
+        ([{"step": 0, "devices": 2, "time": 1}], "exactly one of 'step' or 'time'"),
+        ([{"step": 0, "devices": 2}, {"step": -1}], "non-negative integer"),
+        ([{"step": 0, "devices": 2}, {"step": 5, "fail": "1"}], "fail must be a list of ranks"),
+        ([{"step": 0, "devices": 2}, {"step": 5, "gpus": 3}], "unknown keys ['gpus']"),
+        ([{"step": 0, "devices": 2}, {"step": 5, "layout": {"dp": 0}}], "layout must look like"),
+        ([{"step": 0, "devices": 2}, {"step": 9}, {"step": 5}], "comes before the previous one"),
+    ],
+)
+def test_schedule_errors_are_clear(data, message):
+    with pytest.raises(
+        ScheduleError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")
+    ):
+        parse_schedule(data)
+
+
+# -- chooser ----------------------------------------------------------------------------------------------
+
+
+@given(
+    st.sampled_from(sorted(PRESETS)),
+    st.integers(1, 64),
+    st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128, 512]),
+)
+@settings(max_examples=200, deadline=None)
+def test_chooser_never_proposes_an_invalid_layout(model, devices, global_batch):
+    cfg = preset(model)
+    for lay in candidates(cfg, devices, global_batch):
+        assert lay.world == devices
+        assert cfg.heads % lay.tp == 0 and cfg.layers % lay.pp == 0 and global_batch % lay.dp == 0
+    try:
+        best = choose(model, devices, global_batch)
+    except ChooserError:
+        assert not candidates(cfg, devices, global_batch)
+        return
+    assert best in candidates(cfg, devices, global_batch)
+
+
+def test_chooser_respects_device_memory():
+    cfg = preset("gpt3-13b")
+    roomy = candidates(cfg, 8, 64, micro_batch=1)
+    tight = candidates(cfg, 8, 64, micro_batch=1, device_memory=40 * 2**30)
+    assert tight and len(tight) < len(roomy)
+    assert all(lay.tp * lay.pp >= 4 for lay in tight)  # 13B x 16 B of state must be split at least 4 ways
+
+
+def test_top_choice_is_within_ten_percent_of_the_best_measured_layout():
+    """On the calibration benchmark itself: the model's pick, measured, against the measured best."""
+    model = default_model()
+    groups = defaultdict(list)
+    for r in calibration_rows(calibration()):
+        groups[(r["model"], r["world"])].append(r)
+    assert len(groups) >= 4
+    for key, rows in groups.items():
+
+        def predicted(r):
+            lay = Layout(r["dp"], r["tp"], r["pp"])
+            return model.seconds(preset(r["model"]), lay, r["global_batch"], r["micro_batch"])
+
+        pick = min(rows, key=predicted)
+        best = min(r["step_time_s"] for r in rows)
+        assert pick["step_time_s"] <= 1.10 * best, (key, pick["layout"], pick["step_time_s"], best)
+
+
+def test_para_config_overrides_and_is_validated():
+    table = {"4": {"dp_size": 1, "mp_size": 2, "pp_size": 2}}
+    assert choose("tiny", 4, 8, table=table) == Layout(1, 2, 2)
+    with pytest.raises(ChooserError, match="dp\\*tp\\*pp = 2, not 4"):
+        parse_table({"4": {"dp": 2}})
+
+
+# -- whole jobs -------------------------------------------------------------------------------------------
+
+SRC = str(Path(__file__).resolve().parent.parent / "src")
+
+
+def tenplex(*args: str, **kw) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=SRC)
+    return subprocess.Popen([sys.executable, "-m", "tenplex.cli.main", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)  # fmt: skip
+
+
+@pytest.mark.dist
+def test_demo_changes_every_dimension_redeploys_survives_a_failure_and_matches_the_static_run(tmp_path):
+    p = tenplex("demo", "--run-dir", str(tmp_path / "demo"), "--steps", "60", "--quiet")
+    out, _ = p.communicate(timeout=600)
+    assert p.returncode == 0, out[-3000:]
+    s = json.loads((tmp_path / "demo" / "summary.json").read_text())
+    layouts = [(r["from"], r["to"]) for r in s["reconfigurations"]]
+    changed = {
+        dim for a, b in layouts for dim in ("dp", "tp", "pp") if a.split(dim)[1][0] != b.split(dim)[1][0]
+    }
+    assert changed == {"dp", "tp", "pp"}
+    kinds = {
+        ("failure" if r["failure"] else "redeploy" if r["redeploy"] else "planned")
+        for r in s["reconfigurations"]
+    }
+    assert kinds == {"planned", "redeploy", "failure"}
+    assert s["static"]["match"], s["static"]
+    assert s["ledger"]["ok"] and s["ledger"]["replayed_steps"]
+    for r in s["reconfigurations"]:
+        assert r["source"] == "memory"
+        assert r["bytes"].get("cross_host", 0) == r["plan"]["cross_host_lower_bound"]
+    assert (tmp_path / "demo" / "demo.png").stat().st_size > 10_000
+
+
+@pytest.mark.dist
+def test_a_rerun_resumes_after_the_controller_is_killed_mid_reconfiguration(tmp_path):
+    schedule = tmp_path / "schedule.json"
+    schedule.write_text(json.dumps([{"step": 0, "devices": 2}, {"step": 6, "devices": 4}]))
+    run_dir = tmp_path / "run"
+    args = ["run", "--schedule", str(schedule), "--run-dir", str(run_dir), "--steps", "12",
+            "--global-batch", "8", "--snapshot-every", "2", "--job", "resume-test"]  # fmt: skip
+    p = tenplex(*args)
+    deadline = time.time() + 300
+    timeline = run_dir / "timeline.jsonl"
+    while time.time() < deadline:  # wait for the second phase to be launched, then kill the controller
+        if timeline.exists() and timeline.read_text().count('"kind": "launch"') >= 2:
+            break
+        time.sleep(0.2)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    cluster = json.loads((run_dir / "cluster.json").read_text())
+    try:
+        again = tenplex(*args)
+        out, _ = again.communicate(timeout=300)
+        assert again.returncode == 0, out[-3000:]
+        assert "resuming job resume-test from its committed step 6" in out
+        s = json.loads((run_dir / "summary.json").read_text())
+        assert s["ledger"]["ok"] and s["steps"] == 12
+    finally:
+        for store in cluster["stores"].values():
+            try:
+                os.kill(store["pid"], signal.SIGTERM)
+            except ProcessLookupError:
+                pass

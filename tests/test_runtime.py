@@ -189,3 +189,40 @@ def test_a_rerun_resumes_after_the_controller_is_killed_mid_reconfiguration(tmp_
                 os.kill(store["pid"], signal.SIGTERM)
             except ProcessLookupError:
                 pass
+
+
+@pytest.mark.dist
+def test_a_reconfiguration_itself_changes_nothing_bit_for_bit(tmp_path):
+    """A job stopped, saved, restarted and loaded in the same layout is bit-identical to one that never
+    stopped; a different layout differs only by its summation order (measured here: the demo's tolerance)."""
+    from tenplex.runtime.controller import Controller, RunConfig
+    from tenplex.runtime.demo import LOSS_TOLERANCE, PARAM_TOLERANCE, compare_parameters
+    from tenplex.runtime.report import losses, timeline
+    from tenplex.train.config import TrainConfig
+
+    train = TrainConfig(model="tiny", global_batch=12, seed=0, lr=3e-3, warmup=5, steps=60, device="cpu")
+
+    def job(name, schedule):
+        return Controller(RunConfig(train, parse_schedule(schedule), 60, tmp_path / name, job=name,
+                                    snapshot_every=0, persist=False, quiet=True))  # fmt: skip
+
+    runs = {
+        "one": job("one", [{"step": 0, "devices": 1}]),
+        "dp2": job("dp2", [{"step": 0, "devices": 2, "layout": {"dp": 2}}]),
+        "dp2-restarted": job(
+            "dp2-restarted",
+            [{"step": 0, "devices": 2, "layout": {"dp": 2}}, {"step": 30, "devices": 2, "layout": {"dp": 2}}],
+        ),
+    }
+    try:
+        for c in runs.values():
+            c.run()
+        curves = {k: losses(timeline(c.cfg.run_dir)) for k, c in runs.items()}
+        assert curves["dp2-restarted"] == curves["dp2"]
+        assert compare_parameters(runs["dp2-restarted"], runs["dp2"]) == 0.0
+        layout_noise = max(abs(curves["dp2"][s] - curves["one"][s]) for s in curves["one"])
+        assert 0 < layout_noise <= LOSS_TOLERANCE
+        assert compare_parameters(runs["dp2"], runs["one"]) <= PARAM_TOLERANCE
+    finally:
+        for c in runs.values():
+            c.cluster.shutdown()

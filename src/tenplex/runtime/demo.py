@@ -20,7 +20,26 @@ SCHEDULE = [
     {"step": 43, "fail": [3]},
     {"step": 50, "devices": 2},
 ]
-LOSS_TOLERANCE = 2e-6  # the largest layout-to-layout loss difference measured for the reference workload, x4
+# Different layouts sum in different orders, so fp32 results drift apart with the steps. Measured for these
+# 60 steps (tests/test_runtime.py re-measures it): static dp2 and static tp2-pp2 runs differ from one device
+# by up to 1.9e-6 in the loss and 1.3e-4 in the parameters, while a run that goes through a tenplex
+# save/load in the same layout is bit-identical to one that does not. Tolerances: those maxima, x2.5-4.
+LOSS_TOLERANCE = 5e-6
+PARAM_TOLERANCE = 5e-4
+
+
+def compare_parameters(elastic: Controller, static: Controller) -> float:
+    """Largest difference between the two runs' final parameters, read back from their stores."""
+    from ..transformer.durable import assemble
+
+    def final(ctl: Controller) -> dict:
+        step = ctl._committed_step()
+        url = ctl.cluster.allocation and ctl.cluster.store_url(ctl.cluster.host_of(ctl.cluster.allocation[0]))
+        return assemble(ctl.cfg.job, step, store=url)[2]
+
+    a, b = final(elastic), final(static)
+    names = [n for n in a if n.startswith("model.")]
+    return max(float((a[n].double() - b[n].double()).abs().max()) for n in names)
 
 
 def run_demo(run_dir: Path, model: str = "tiny", steps: int = 60, quiet: bool = False) -> bool:
@@ -43,19 +62,20 @@ def run_demo(run_dir: Path, model: str = "tiny", steps: int = 60, quiet: bool = 
         quiet=True,
     )
     print("tenplex demo: elastic run (dp, tp and pp changes, a redeploy, a failure)")
-    ctl = Controller(elastic)
+    ctl, ref = Controller(elastic), Controller(static)
     try:
         ctl.run()
+        print("tenplex demo: static run of the same steps on one device, for comparison")
+        ref.run()
+        params = compare_parameters(ctl, ref)
     finally:
         ctl.cluster.shutdown()
-    print("tenplex demo: static run of the same steps on one device, for comparison")
-    ref = Controller(static)
-    try:
-        ref.run()
-    finally:
         ref.cluster.shutdown()
     reference = losses(timeline(static.run_dir))
     s = summary(elastic.run_dir, reference, LOSS_TOLERANCE)
+    s["static"]["max_param_diff"] = params
+    s["static"]["param_tolerance"] = PARAM_TOLERANCE
+    s["static"]["match"] = s["static"]["match"] and params <= PARAM_TOLERANCE
     png = plot(elastic.run_dir, run_dir / "demo.png", reference)
     write_json(run_dir / "summary.json", s)
     print_report(s)

@@ -192,6 +192,12 @@ def print_report(s: dict) -> None:
         print(
             f"loss curve {verdict} the static run: {st['steps']} steps, largest difference "
             f"{st['max_loss_diff']:.2e} (tolerance {st['tolerance']:.0e})"
+            + (
+                f"; final parameters differ by at most {st['max_param_diff']:.2e} "
+                f"(tolerance {st['param_tolerance']:.0e})"
+                if "max_param_diff" in st
+                else ""
+            )
         )
     led = s["ledger"]
     verdict = "every sample exactly once" if led["ok"] else f"MISMATCH at steps {led['mismatched_steps']}"

@@ -38,26 +38,34 @@ def persist(job: str, step: int | None, path: str, *, store: str | None = None) 
     Run it in one process (a rank, the runtime or the CLI); it reads each piece from a store that holds it.
     """
     started = time.perf_counter()
+    step, ptc, tensors = assemble(job, step, store=store)
+    state: dict[str, Any] = dict(tensors)
+    nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    state[VALUES_KEY] = json.dumps(value_codec.encode(ptc.values))
+    state[STEP_KEY] = step
+    dcp.save(state, checkpoint_id=path, no_dist=True)
+    return {"job": job, "step": step, "path": path, "bytes": nbytes, "seconds": time.perf_counter() - started}
+
+
+def assemble(
+    job: str, step: int | None = None, *, store: str | None = None
+) -> tuple[int, PTC, dict[str, torch.Tensor]]:
+    """Every tensor of a committed snapshot as one full tensor, each piece read from a store holding it
+    (for persisting, and for comparing two runs' states)."""
     own = client(resolve(store))
     if step is None:
         step = own.latest(job)
         if step is None:
             raise NoSnapshotError(f"job {job!r} has no committed version in {own.url}")
-    manifest = own.manifest(job, step)
-    ptc = PTC.from_json(manifest["ptc"])
-    state: dict[str, Any] = {}
-    nbytes = 0
+    ptc = PTC.from_json(own.manifest(job, step)["ptc"])
+    out = {}
     for name, meta in ptc.tensors.items():
         full = torch.empty(meta.shape, dtype=TORCH_DTYPES[meta.dtype])
         array = Staged(full, fill=False).array
         for piece in ptc.pieces(name):
             _read_piece(ptc, job, step, name, piece, array[(*piece.box.slices(), ...)])
-        state[name] = full
-        nbytes += meta.nbytes
-    state[VALUES_KEY] = json.dumps(value_codec.encode(ptc.values))
-    state[STEP_KEY] = step
-    dcp.save(state, checkpoint_id=path, no_dist=True)
-    return {"job": job, "step": step, "path": path, "bytes": nbytes, "seconds": time.perf_counter() - started}
+        out[name] = full
+    return step, ptc, out
 
 
 def _read_piece(ptc: PTC, job: str, step: int, name: str, piece: Any, out: Any) -> None:

@@ -1,4 +1,4 @@
-"""`tenplex store`: run this host's tensor store daemon; `tenplex store ls`: what a store holds."""
+"""`tenplex store`: run this host's tensor store daemon; `tenplex store ls`: a store's contents."""
 
 from __future__ import annotations
 
@@ -17,11 +17,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     ls = actions.add_parser("ls", help="jobs, versions, blobs, sizes and copies held by a store")
     add_store_args(ls, token_dest="ls_token_file")
     ls.add_argument("--blobs", action="store_true", help="one row per blob instead of one per version")
+    ls.add_argument("--datasets", action="store_true", help="list registered datasets (read-only views)")
     ls.set_defaults(func=_ls)
 
 
 def _ls(args: argparse.Namespace) -> int:
     c = store_client(args.store, args.ls_token_file)
+    if args.datasets:
+        ds = [[d["name"], d["split"], str(d["seq"]), str(d["num_samples"]), human_bytes(d["nbytes"]),
+               d["corpus"]] for d in c.datasets()]  # fmt: skip
+        print_table(f"{c.url}: datasets", ["dataset", "split", "seq", "samples", "size", "corpus"], ds)
+        return 0
     rows: list[list[str]] = []
     for job in c.jobs():
         for v in c.version_info(job):

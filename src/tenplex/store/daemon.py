@@ -29,6 +29,7 @@ from .boxio import SCRATCH, blob_array, pieces
 from .catalog import Blob, Catalog
 from .checksum import CHUNK, byte_span, digest, verify_span
 from .client import DEFAULT_PORT, PREAMBLE
+from .datasets import Dataset, Registry, check_ids, gather, open_dataset, rank_view
 from .errors import (
     AuthError,
     BadRequestError,
@@ -119,6 +120,7 @@ class Daemon:
         self.catalog = Catalog(self.arena, min(memory_limit, self.arena.capacity()))
         self.replicator = Replicator(self, peers or [], replicas)
         self.relay = RelayCache(self)
+        self.datasets = Registry()
         self.counters = {"requests": 0, "errors": 0, "bytes_in": 0, "bytes_out": 0}
         self.conns: set[socket.socket] = set()
         self._lock = threading.Lock()
@@ -327,7 +329,7 @@ def _stats(d: Daemon, req: Request) -> dict[str, Any]:
         out = {"memory_used": c.used, "memory_limit": c.limit, "memory_pooled": d.arena.pooled,
  "jobs": len(c.jobs), "versions": len(versions),
                "committed": sum(v.committed for v in versions), "blobs": sum(len(v.blobs) for v in versions),
-               "relay_blobs": len(d.relay.blobs)}  # fmt: skip
+               "relay_blobs": len(d.relay.blobs), "datasets": len(d.datasets.items)}  # fmt: skip
     with d._lock:
         out.update(d.counters, connections=len(d.conns))
     out["rss"] = _rss()
@@ -522,6 +524,69 @@ def _peers(d: Daemon, req: Request) -> dict[str, Any]:
         raise BadRequestError('expected {"peers": [URL, ...], "replicas": R}')
     d.replicator.configure([p.rstrip("/") for p in peers], replicas)
     return {"peers": d.replicator.peers, "targets": d.replicator.targets}
+
+
+@route("GET", r"/v1/datasets")
+def _datasets(d: Daemon, req: Request) -> dict[str, Any]:
+    return {"datasets": d.datasets.list()}
+
+
+@route("POST", r"/v1/datasets/(?P<job>[^/]+)")
+def _register_dataset(d: Daemon, req: Request) -> dict[str, Any]:
+    """Map a corpus split read-only under a name (validated in `open_dataset`; see its trust model)."""
+    name, body = req.job(), req.json()
+    ds = open_dataset(name, body.get("corpus_dir"), body.get("split", "train"), body.get("seq"))
+    d.datasets.add(ds)
+    return ds.info()
+
+
+@route("GET", r"/v1/datasets/(?P<job>[^/]+)")
+def _dataset(d: Daemon, req: Request) -> dict[str, Any]:
+    return d.datasets.get(req.job()).info()
+
+
+@route("DELETE", r"/v1/datasets/(?P<job>[^/]+)")
+def _drop_dataset(d: Daemon, req: Request) -> dict[str, Any]:
+    name = req.job()
+    d.datasets.drop(name)
+    return {"deleted": name}
+
+
+@route("POST", r"/v1/datasets/(?P<job>[^/]+)/ids")
+def _dataset_ids(d: Daemon, req: Request) -> dict[str, Any]:
+    ds, body = d.datasets.get(req.job()), req.json()
+    return rank_view(ds, body.get("sampler"), body.get("dp"), body.get("rank"), body.get("steps", 1))
+
+
+@route("POST", r"/v1/datasets/(?P<job>[^/]+)/read")
+def _dataset_read(d: Daemon, req: Request) -> None:
+    ds, body = d.datasets.get(req.job()), req.json()
+    send_samples(d, req, ds, check_ids(ds, body.get("ids")))
+
+
+def send_samples(d: Daemon, req: Request, ds: Dataset, ids: np.ndarray) -> None:
+    """Raw answer of the windows `ids`, gathered from the memory map in scratch-sized blocks."""
+    win = ds.windows()
+    row = win.shape[1] * win.itemsize
+    meta = json_body({"parts": [{"dtype": ds.dtype, "nbytes": len(ids) * row}]})
+    total = PREAMBLE.size + len(meta) + len(ids) * row
+    req.conn.send_head(
+        "HTTP/1.1 200 OK", _headers(total, "application/octet-stream"), PREAMBLE.pack(len(meta)) + meta
+    )
+    if not req.scratch:
+        req.scratch.append(np.empty(SCRATCH, dtype=np.uint8))
+    flat = req.scratch[0]
+    if row > flat.nbytes:  # a window larger than the buffer is contiguous in the map: send it from there
+        for i in ids:
+            req.conn.send(memoryview(np.ascontiguousarray(win[i]).reshape(-1).view(np.uint8)))
+    else:
+        k = flat.nbytes // row
+        for i in range(0, len(ids), k):
+            part = ids[i : i + k]
+            dst = flat[: len(part) * row].view(win.dtype).reshape(len(part), win.shape[1])
+            gather(win, part, dst)
+            req.conn.send(memoryview(flat[: len(part) * row]))
+    d._count("bytes_out", total)
 
 
 def _rss() -> int:

@@ -16,7 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -48,6 +51,7 @@ def build_spec(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--table", default=None, help="para-config file: devices -> {dp, tp, pp}")
     p.add_argument("--durable", default=None, help="persisted DCP snapshot to fall back to")
     p.add_argument("--stop-file", default=None, help="stop (and save) at the next step once this exists")
+    p.add_argument("--min-step-seconds", type=float, default=0.0, help="pace steps (emulates slower devices)")
     args = p.parse_args(argv)
     cfg = config_from_args(args)
     cfg.dp = cfg.tp = cfg.pp = 1  # chosen per WORLD_SIZE in the worker
@@ -61,7 +65,24 @@ def build_spec(argv: list[str] | None = None) -> dict[str, Any]:
         "durable": args.durable,
         "choose": True,
         "table": _read_table(args.table) if args.table else None,
+        "min_step_seconds": args.min_step_seconds,
     }
+
+
+COMMIT_GRACE_S = 10.0
+
+
+def _finish_commits_then_exit(signum: int, frame: object) -> None:
+    """torchrun stops workers with SIGTERM on every membership change. A snapshot whose commit is under
+    way is let finish (bounded), so that no version ends up committed on some stores and not on others;
+    then the process exits at once (no interpreter teardown that could wait on dead peers)."""
+    deadline = time.monotonic() + COMMIT_GRACE_S
+    for t in threading.enumerate():
+        if t.name.startswith("tenplex-save-") and t.is_alive():
+            t.join(max(0.0, deadline - time.monotonic()))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     if "WORLD_SIZE" not in os.environ:
         print("tenplex elastic: run me under torchrun (WORLD_SIZE is not set)", file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, _finish_commits_then_exit)
     from .worker import run
 
     return run(spec)

@@ -59,9 +59,11 @@ def run(spec: dict[str, Any]) -> int:
     trainer = Trainer(cfg)
     built = time.perf_counter()
     state = trainer.state_dict()
+    saved = -1  # the newest step committed by this job that this process knows of
     try:
         info = tenplex.load(state, job=job, path=spec.get("durable"))
         trainer.load_state_dict(state)
+        saved = trainer.step
         moved = _sum_over_ranks(info.bytes)
         if rec:
             rec.write(
@@ -91,9 +93,13 @@ def run(spec: dict[str, Any]) -> int:
     ledger = Records(out / f"ledger-dp{trainer.dp_rank}.jsonl") if coords[0] == 0 and coords[2] == 0 else None
     pending = None
     stop_file = spec.get("stop_file")
+    pace = float(spec.get("min_step_seconds", 0))  # emulates slower devices (tests, demos)
     while trainer.step < until and not _stop_requested(stop_file):
         ids = trainer.sampler.rank_ids(cfg.dp, trainer.dp_rank).tolist() if ledger else None
+        t_step = time.perf_counter()
         m = trainer.train_step()
+        if pace:
+            time.sleep(max(0.0, pace - (time.perf_counter() - t_step)))
         if ledger:
             ledger.write("samples", step=m.step, dp=trainer.dp_rank, ids=ids)
         if rec:
@@ -103,15 +109,22 @@ def run(spec: dict[str, Any]) -> int:
                 pending.wait()
             t = time.perf_counter()
             pending = tenplex.save(trainer.state_dict(), job=job, step=trainer.step, async_save=True, keep=3)
+            saved = trainer.step
             if rec:
                 rec.write("snapshot", step=trainer.step, stall=time.perf_counter() - t, mode="async")
     if pending is not None:
         pending.wait()
     if spec.get("save_at_end", True):
-        t = time.perf_counter()
-        h = tenplex.save(trainer.state_dict(), job=job, step=trainer.step, keep=3)
-        if rec:
-            rec.write("saved", step=trainer.step, seconds=time.perf_counter() - t, bytes=h.bytes_written)
+        if trainer.step == saved:
+            # loaded (a torchrun restart after the end) or snapshotted at this step: a committed version
+            # cannot be written again, and it already holds this state
+            if rec:
+                rec.write("saved", step=trainer.step, seconds=0.0, bytes=0, already=True)
+        else:
+            t = time.perf_counter()
+            h = tenplex.save(trainer.state_dict(), job=job, step=trainer.step, keep=3)
+            if rec:
+                rec.write("saved", step=trainer.step, seconds=time.perf_counter() - t, bytes=h.bytes_written)
     if rec:
         rec.write("done", step=trainer.step)
     dist.barrier()

@@ -127,7 +127,9 @@ def _choose(job: str, step: int | None, urls: list[str]) -> tuple[int, dict] | s
 
 
 def _newest(job: str, step: int | None, urls: list[str]) -> tuple[int, dict] | str:
-    best: tuple[int, str] | None = None
+    """The newest version committed on every reachable store it was saved to: a controller killed between
+    its per-store commits leaves a version some stores hide, and the one before it is used instead."""
+    where: dict[int, str] = {}
     errors = []
     for u in urls:
         try:
@@ -135,18 +137,27 @@ def _newest(job: str, step: int | None, urls: list[str]) -> tuple[int, dict] | s
         except StoreUnavailable as e:
             errors.append(str(e))
             continue
-        candidates = [s for s in steps if step is None or s == step]
-        if candidates and (best is None or candidates[-1] > best[0]):
-            best = (candidates[-1], u)
-    if best is None:
-        where = f"step {step} of " if step is not None else ""
-        return f"no committed version of {where}job {job!r} in stores {urls}" + (
-            f" ({'; '.join(errors)})" if errors else ""
-        )
-    manifest = client(best[1]).manifest(job, best[0])
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-        return f"version {best[0]} of job {job!r} is not a tenplex snapshot"
-    return best[0], manifest
+        for s in steps:
+            if step is None or s == step:
+                where.setdefault(s, u)
+    for s in sorted(where, reverse=True):
+        manifest = client(where[s]).manifest(job, s)
+        if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+            return f"version {s} of job {job!r} is not a tenplex snapshot"
+        if all(_committed_or_gone(u, job, s) for u in manifest.get("stores", [])):
+            return s, manifest
+    what = f"step {step} of " if step is not None else ""
+    return f"no committed version of {what}job {job!r} in stores {urls}" + (
+        f" ({'; '.join(errors)})" if errors else ""
+    )
+
+
+def _committed_or_gone(url: str, job: str, step: int) -> bool:
+    """True when the store has the version committed, or does not answer (a lost host, handled later)."""
+    try:
+        return step in client(url).versions(job)
+    except StoreUnavailable:
+        return True
 
 
 def _differences(old: PTC, new: PTC, values: dict[str, Any]) -> tuple[list[str], list[str]]:

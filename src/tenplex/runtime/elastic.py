@@ -18,8 +18,6 @@ import json
 import os
 import signal
 import sys
-import threading
-import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -76,10 +74,9 @@ def _finish_commits_then_exit(signum: int, frame: object) -> None:
     """torchrun stops workers with SIGTERM on every membership change. A snapshot whose commit is under
     way is let finish (bounded), so that no version ends up committed on some stores and not on others;
     then the process exits at once (no interpreter teardown that could wait on dead peers)."""
-    deadline = time.monotonic() + COMMIT_GRACE_S
-    for t in threading.enumerate():
-        if t.name.startswith("tenplex-save-") and t.is_alive():
-            t.join(max(0.0, deadline - time.monotonic()))
+    from ..transformer.save import wait_for_pending
+
+    wait_for_pending(COMMIT_GRACE_S)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(128 + signum)

@@ -22,7 +22,7 @@ from .tree import expand, flatten
 MANIFEST_FORMAT = "tenplex.snapshot"
 
 
-@dataclass
+@dataclass(eq=False)
 class SaveHandle:
     """Returned by `save`; with `async_save=True` the commit finishes in the background: `wait()` for it."""
 
@@ -48,6 +48,17 @@ class SaveHandle:
 
 
 _background: dict[Any, Any] = {}  # process group -> its gloo twin for background commits
+_pending: set[SaveHandle] = set()  # asynchronous saves whose commit has not finished
+
+
+def wait_for_pending(timeout: float) -> bool:
+    """Let the commits of asynchronous saves finish (up to `timeout` s in all), e.g. before exiting on
+    SIGTERM, so that no version ends up committed on some stores and not on others. True if none is left."""
+    deadline = time.monotonic() + timeout
+    for handle in list(_pending):
+        if handle._thread is not None:
+            handle._thread.join(max(0.0, deadline - time.monotonic()))
+    return all(h.done for h in _pending)
 
 
 def save(
@@ -129,7 +140,10 @@ def save(
             finish()
         except BaseException as e:  # reported by wait()
             handle._error.append(e)
+        finally:
+            _pending.discard(handle)
 
     handle._thread = threading.Thread(target=run, name=f"tenplex-save-{job}-{step}", daemon=True)
+    _pending.add(handle)
     handle._thread.start()
     return handle

@@ -1,0 +1,329 @@
+"""Reconfiguration (save + load) of the reference GPT's state against DCP, central mode and the floor.
+
+State: the reference GPT's parameters + AdamW moments (exp_avg, exp_avg_sq) as DTensors in a (dp, tp, pp)
+layout on up to 4 ranks (tp: Shard on the dims `param_shapes` gives; pp: a stage holds only its layers;
+dp: replicas), plus plain values (per-parameter step, param_groups, the job step). For each change, with
+1 emulated host (all ranks on one store) and 2 (ranks 0-1 on store A, 2-3 on store B,
+TENPLEX_EMULATED_HOSTS=1), one 4-rank gloo world measures in the same run on the same state:
+
+- tenplex: `save` in the source layout + `load` in the target layout; each step timed on every rank between
+  barriers, the slowest rank counts; bytes by route (summed over ranks) against the plan's lower bound;
+- (a) DCP `dcp.save` -> `dcp.load` through a local-disk directory (FileSystemWriter(sync_files=True): each
+  file is fsync'd, then the directory), load warm (pages still cached) and cold (our files' pages dropped
+  with posix_fadvise(DONTNEED) first);
+- (b) DCP through /dev/shm;
+- (c) tenplex central mode: the same save + `load(central=True)` (every byte through host A's store);
+- (d) the floor: (saved + kept + same-host + relayed bytes) / memcpy bandwidth + the plan's cross-host lower
+  bound / raw-socket bandwidth, both bandwidths measured in this run, before and after the cases, the
+  better of the two counting (single-threaded `np.copyto` of 256 MiB into paged-in memory, best of 5; one
+  loopback TCP stream of 256 MiB, 4 MiB sendall / recv_into a preallocated buffer, best of 3).
+
+Before the timed cases an untimed warm-up runs the whole sequence once on a tiny model, with 1 and 2 hosts.
+`--repeat N` runs each case N times (fresh job each time) and keeps the best repetition per measurement.
+
+Ratios: `x_dcp_disk` = DCP disk (save + warm load) / tenplex (save + load), likewise `x_dcp_shm` and
+`x_central` (> 1: tenplex is faster); `x_floor` = tenplex / floor (>= 1; 1 would be at the floor).
+
+    python benchmarks/bench_reconfig.py                # ~1.2 GB of state, 2 repetitions: about 7-8 minutes
+    python benchmarks/bench_reconfig.py --repeat 1     # about 4 minutes
+    python benchmarks/bench_reconfig.py --quick --repeat 1   # ~0.3 GB: about 2 minutes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from common import print_rows, write_results
+from tenplex.ptc.gpt import GPTConfig
+from tenplex.store import start_store
+
+HERE = Path(__file__).resolve().parent
+SRC = HERE.parent / "src"
+
+SIZES = {  # params + exp_avg + exp_avg_sq in fp32: 12 bytes a parameter
+    "full": dict(layers=8, hidden=1024, heads=16, vocab=256, seq=1024),  # 101M params, 1.21 GB
+    "half": dict(layers=8, hidden=768, heads=16, vocab=256, seq=1024),  # 57M params, 0.68 GB
+    "quick": dict(layers=8, hidden=512, heads=16, vocab=256, seq=512),  # 25M params, 0.30 GB
+}
+
+# (dp, tp, pp). The single-dimension changes cannot keep 4 ranks on both sides (the product is the world
+# size), so each doubles one dimension from 2 to 4 ranks (a scale-out: the new ranks 2-3 are host B's when
+# there are 2 hosts); the combined change keeps 4 ranks and changes all three dimensions.
+PAIRS = {
+    "dp": ([1, 2, 1], [2, 2, 1]),
+    "tp": ([1, 2, 1], [1, 4, 1]),
+    "pp": ([1, 1, 2], [1, 1, 4]),
+    "combined": ([1, 4, 1], [2, 1, 2]),
+    # not in the default run
+    "dp-in": ([2, 2, 1], [1, 2, 1]),
+    "tp-in": ([1, 4, 1], [1, 2, 1]),
+    "pp-in": ([1, 1, 4], [1, 1, 2]),
+    "combined-replicas": ([2, 2, 1], [1, 1, 4]),
+}
+DEFAULT_PAIRS = "dp,tp,pp,combined"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def memcpy_bandwidth(nbytes: int = 256 << 20, repeat: int = 5) -> float:
+    a = np.ones(nbytes, np.uint8)
+    b = np.ones(nbytes, np.uint8)  # paged in
+    best = min(_time(lambda: np.copyto(b, a)) for _ in range(repeat))
+    return nbytes / best
+
+
+def socket_bandwidth(nbytes: int = 256 << 20, repeat: int = 3) -> float:
+    """One loopback TCP stream, 4 MiB sendall / recv_into a preallocated buffer, best of `repeat`."""
+    payload = memoryview(np.ones(nbytes, np.uint8))
+    sink = memoryview(bytearray(nbytes))
+    srv = socket.create_server(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+    chunk = 4 << 20
+    times = []
+
+    def receive(conn: socket.socket) -> None:
+        got = 0
+        while got < nbytes:
+            n = conn.recv_into(sink[got : got + chunk])
+            if n == 0:
+                break
+            got += n
+
+    for _ in range(repeat):
+        cli = socket.create_connection(("127.0.0.1", port))
+        conn, _ = srv.accept()
+        t = time.perf_counter()
+        rx = threading.Thread(target=receive, args=(conn,))
+        rx.start()
+        for i in range(0, nbytes, chunk):
+            cli.sendall(payload[i : i + chunk])
+        rx.join()
+        times.append(time.perf_counter() - t)
+        cli.close()
+        conn.close()
+    srv.close()
+    return nbytes / min(times)
+
+
+def _time(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def fs_type(path: Path) -> str:
+    """The file system type of the mount `path` lives on (from /proc/mounts)."""
+    best, kind = "", "?"
+    p = str(path.resolve())
+    for line in Path("/proc/mounts").read_text().splitlines():
+        parts = line.split()
+        inside = len(parts) > 2 and (p == parts[1] or p.startswith(parts[1].rstrip("/") + "/"))
+        if inside and len(parts[1]) > len(best):
+            best, kind = parts[1], parts[2]
+    return kind
+
+
+def run_world(spec: dict, timeout: float) -> list[list[dict]]:
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="tenplex-bench-") as out:
+        procs = []
+        for r in range(4):
+            e = dict(os.environ)
+            e.update(
+                RANK=str(r), WORLD_SIZE="4", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port), TENPLEX_BENCH_OUT=out, TENPLEX_BENCH_SPEC=json.dumps(spec),
+                TENPLEX_EMULATED_HOSTS="1", OMP_NUM_THREADS="1",
+                PYTHONPATH=os.pathsep.join([str(HERE), str(SRC), e.get("PYTHONPATH", "")]),
+            )  # fmt: skip
+            procs.append(subprocess.Popen([sys.executable, "-m", "reconfig_worker"], env=e))
+        try:
+            for p in procs:
+                p.wait(timeout=timeout)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        failed = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode != 0]
+        if failed:
+            raise SystemExit(f"ranks {failed} failed (their output is above)")
+        return [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(4)]
+
+
+def each_rep(reps: list[list[dict]], key: str, sub: str | None = None) -> list[float]:
+    """The slowest rank's seconds in each repetition."""
+    out = []
+    for per_rank in reps:
+        vals = [(r.get(key) if sub is None else r.get(key, {}).get(sub)) for r in per_rank]
+        vals = [v for v in vals if v is not None]
+        if vals:
+            out.append(max(vals))
+    return out
+
+
+def slowest(reps: list[list[dict]], key: str, sub: str | None = None) -> float | None:
+    """The slowest rank's seconds, in the best repetition."""
+    return min(each_rep(reps, key, sub), default=None)
+
+
+def summarise(ranks: list[dict], mem_bw: float, sock_bw: float) -> dict:
+    case = ranks[0]["case"]
+    reps = [[r["reps"][i] for r in ranks] for i in range(len(ranks[0]["reps"]))]
+    per_rank = reps[0]
+    gb = 1e9
+    moved = {k: sum(r.get("bytes", {}).get(k, 0) for r in per_rank) for k in
+             ("kept", "same_host", "relayed", "cross_host")}  # fmt: skip
+    plan = next(r["plan_bytes"] for r in per_rank if "plan_bytes" in r)
+    saved = sum(r["saved_bytes"] for r in per_rank)
+    save, load = slowest(reps, "save"), slowest(reps, "load")
+    central = slowest(reps, "central_load")
+    total = save + load
+    local = saved + moved["kept"] + moved["same_host"] + moved["relayed"]
+    floor = local / mem_bw + plan["cross_host_lower_bound"] / sock_bw
+    row = {
+        "change": case["name"],
+        "src": "x".join(map(str, case["src"])),
+        "dst": "x".join(map(str, case["dst"])),
+        "hosts": case["hosts"],
+        "state_GB": sum(r["src_bytes"] for r in per_rank) / gb,
+        "saved_GB": saved / gb,
+        "save_s": save,
+        "load_s": load,
+        "total_s": total,
+        "kept_GB": moved["kept"] / gb,
+        "same_host_GB": moved["same_host"] / gb,
+        "relayed_GB": moved["relayed"] / gb,
+        "cross_GB": moved["cross_host"] / gb,
+        "cross_lb_GB": plan["cross_host_lower_bound"] / gb,
+        "plan": plan,
+        "central_load_s": central,
+        "central_total_s": save + central,
+        "floor_s": floor,
+        "x_central": (save + central) / total,
+        "x_floor": total / floor,
+        "reps": {
+            "save_s": each_rep(reps, "save"),
+            "load_s": each_rep(reps, "load"),
+            "central_load_s": each_rep(reps, "central_load"),
+        },
+        "bad": sorted({b for pr in reps for r in pr for k in ("bad", "bad_central") for b in r.get(k, [])}),
+    }
+    for kind in ("dcp_disk", "dcp_shm"):
+        if not any(kind in r for r in per_rank):
+            continue
+        s, ld = slowest(reps, kind, "save"), slowest(reps, kind, "load")
+        row[f"{kind}_save_s"], row[f"{kind}_load_s"], row[f"{kind}_total_s"] = s, ld, s + ld
+        row[f"x_{kind}"] = (s + ld) / total
+        row["reps"][f"{kind}_save_s"] = each_rep(reps, kind, "save")
+        row["reps"][f"{kind}_load_s"] = each_rep(reps, kind, "load")
+        row["bad"] += sorted(
+            {f"{kind}: {b}" for pr in reps for r in pr for b in r.get(kind, {}).get("bad", [])}
+        )
+        if kind == "dcp_disk":
+            cold = slowest(reps, kind, "load_cold")
+            row["dcp_disk_load_cold_s"] = cold
+            row["x_dcp_disk_cold"] = (s + cold) / total
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", choices=sorted(SIZES), default="full", help="state size (full ~1.2 GB)")
+    p.add_argument("--quick", action="store_const", const="quick", dest="size", help="same as --size quick")
+    p.add_argument("--pairs", default=DEFAULT_PAIRS, help=f"comma-separated, from {', '.join(PAIRS)}")
+    p.add_argument("--hosts", default="1,2", help="emulated host counts to run")
+    p.add_argument("--disk-dir", default=None, help="local-disk directory for DCP (default: the temp dir)")
+    p.add_argument("--no-dcp", action="store_true", help="skip the DCP baselines")
+    p.add_argument("--repeat", type=int, default=2, help="repetitions per case; the best one counts")
+    p.add_argument("--store-memory", default="8GiB")
+    p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+
+    model = SIZES[args.size]
+    cfg = GPTConfig(**model)
+    disk_root = Path(args.disk_dir or tempfile.gettempdir())
+    disk_kind = fs_type(disk_root)
+    if disk_kind in ("tmpfs", "ramfs"):
+        raise SystemExit(f"{disk_root} is on {disk_kind}, not a disk: pass --disk-dir")
+    print(f"model {model}: {cfg.param_count() / 1e6:.1f}M params, {cfg.param_count() * 12 / 1e9:.2f} GB "
+          f"of params + AdamW moments; DCP disk dir on {disk_kind}", flush=True)  # fmt: skip
+    mem_bw, sock_bw = memcpy_bandwidth(), socket_bandwidth()
+    print(f"floor: memcpy {mem_bw / 1e9:.2f} GB/s, loopback socket {sock_bw / 1e9:.2f} GB/s", flush=True)
+
+    cases = [
+        {"name": name, "src": PAIRS[name][0], "dst": PAIRS[name][1], "hosts": int(h), "dcp": not args.no_dcp}
+        for name in args.pairs.split(",")
+        for h in args.hosts.split(",")
+    ]
+    a, b = start_store(memory_limit=args.store_memory), start_store(memory_limit=args.store_memory)
+    disk = Path(tempfile.mkdtemp(prefix="tenplex-bench-dcp-", dir=disk_root))
+    shm = Path(tempfile.mkdtemp(prefix="tenplex-bench-dcp-", dir="/dev/shm"))
+    started = time.perf_counter()
+    try:
+        spec = {"model": model, "store_a": a.url, "store_b": b.url, "disk_dir": str(disk),
+                "shm_dir": str(shm), "cases": cases, "repeat": args.repeat}  # fmt: skip
+        per_rank = run_world(spec, args.timeout)
+    finally:
+        a.stop()
+        b.stop()
+        for d in (disk, shm):
+            subprocess.run(["rm", "-rf", str(d)], check=False)
+    wall = time.perf_counter() - started
+    mem_bw_after, sock_bw_after = memcpy_bandwidth(), socket_bandwidth()
+    # the floor takes the better of the two measurements (the machine is shared and noisy)
+    floor_mem, floor_sock = max(mem_bw, mem_bw_after), max(sock_bw, sock_bw_after)
+    rows = [summarise([r[i] for r in per_rank], floor_mem, floor_sock) for i in range(len(cases))]
+    os.environ.setdefault("COLUMNS", "240")  # the tables are wide; rich wraps at 80 columns without a tty
+
+    print_rows(
+        f"reconfiguration, {cfg.param_count() / 1e6:.0f}M-param GPT + AdamW, 4 ranks (times: slowest rank)",
+        rows,
+        ["change", "src", "dst", "hosts", "save_s", "load_s", "total_s", "kept_GB", "same_host_GB",
+         "relayed_GB", "cross_GB", "cross_lb_GB", "x_dcp_disk", "x_dcp_disk_cold", "x_dcp_shm", "x_central",
+         "x_floor"],
+    )  # fmt: skip
+    print_rows(
+        "baselines (s)",
+        rows,
+        ["change", "hosts", "dcp_disk_save_s", "dcp_disk_load_s", "dcp_disk_load_cold_s", "dcp_shm_save_s",
+         "dcp_shm_load_s", "central_load_s", "floor_s"],
+    )  # fmt: skip
+    bad = [(r["change"], r["hosts"], r["bad"]) for r in rows if r["bad"]]
+    if bad:
+        print("WRONG VALUES after load:", bad)
+    meta = {
+        "model": model,
+        "params": cfg.param_count(),
+        "pairs": {c["name"]: [c["src"], c["dst"]] for c in cases},
+        "memcpy_GBps": mem_bw / 1e9,
+        "socket_GBps": sock_bw / 1e9,
+        "memcpy_GBps_after": mem_bw_after / 1e9,
+        "socket_GBps_after": sock_bw_after / 1e9,
+        "dcp_disk_fs": disk_kind,
+        "wall_s": wall,
+        "repeat": args.repeat,
+        "command": " ".join(["python", "benchmarks/bench_reconfig.py", *sys.argv[1:]]),
+    }
+    path = write_results("bench_reconfig", rows, meta, args.out)
+    print(f"wrote {path}; {wall:.0f} s for the cases")
+    if bad:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

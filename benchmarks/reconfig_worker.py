@@ -1,0 +1,259 @@
+"""One rank of benchmarks/bench_reconfig.py: every reconfiguration case in one 4-rank gloo world.
+
+For each case the rank builds its part of the reference GPT's state (parameters + AdamW moments as
+DTensors in the source layout, plus plain values), then times, between barriers:
+
+- tenplex: `save` into its host's store, `load` into the target layout, `load(central=True)`;
+- PyTorch DCP: `dcp.save` -> `dcp.load` through a local-disk directory (fsync'd) and through /dev/shm.
+
+Every load is checked element for element against the values the source was built from. Meshes are built
+without communicators and DTensors from local chunks, so nothing but tenplex and DCP communicates.
+Results (per rank) go to $TENPLEX_BENCH_OUT/rank<r>.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import zlib
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+import tenplex
+from tenplex.ptc.gpt import GPTConfig, param_shapes, stage_layers
+from tenplex.store import StoreClient
+
+KINDS = {"param": 0.0, "exp_avg": 0.25, "exp_avg_sq": 0.5}  # salt per kind of tensor
+PARAM_GROUPS = [{"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}]
+
+
+def world_of(layout: list[int]) -> int:
+    return layout[0] * layout[1] * layout[2]
+
+
+def stage_of(where: str, cfg: GPTConfig, pp: int) -> int:
+    if where == "first":
+        return 0
+    if where == "last":
+        return pp - 1
+    return next(s for s in range(pp) if int(where) in stage_layers(cfg.layers, pp, s))
+
+
+def values(shape: tuple, offset: tuple, local_shape: tuple, salt: float) -> torch.Tensor:
+    """The global tensor's values at this box: row * cols + col + salt, computed elementwise in fp32, so
+    any rank computes the same value for the same global element whatever its shard."""
+    if not local_shape:
+        return torch.tensor(salt, dtype=torch.float32)
+    rows = torch.arange(offset[0], offset[0] + local_shape[0], dtype=torch.float32)
+    if len(shape) == 1:
+        return rows + salt
+    cols = torch.arange(offset[1], offset[1] + local_shape[1], dtype=torch.float32)
+    return (rows[:, None] * float(shape[1]) + cols[None, :]) + salt
+
+
+def build(cfg: GPTConfig, layout: list[int], rank: int, zeros: bool) -> dict:
+    """This rank's state dict in `layout` = (dp, tp, pp): DTensors on a (dp, tp) mesh of its stage."""
+    dp, tp, pp = layout
+    stage = rank // (dp * tp)
+    ranks = torch.arange(stage * dp * tp, (stage + 1) * dp * tp).reshape(dp, tp)
+    mesh = DeviceMesh("cpu", ranks, mesh_dim_names=("dp", "tp"), _init_backend=False)
+    model: dict = {}
+    state: dict = {}
+    for fqn, shape, tpdims, where in param_shapes(cfg):
+        if stage_of(where, cfg, pp) != stage:
+            continue
+        pl = [Replicate(), Shard(tpdims["tp"]) if "tp" in tpdims else Replicate()]
+        local_shape, offset = compute_local_shape_and_global_offset(shape, mesh, pl)
+        stride = torch.empty(shape, device="meta").stride()
+        st: dict = {"step": 100.0}
+        for kind, salt in KINDS.items():
+            s = salt + (zlib.crc32(fqn.encode()) % 1000)
+            local = torch.zeros(local_shape) if zeros else values(shape, offset, local_shape, s)
+            dt = DTensor.from_local(local, mesh, pl, run_check=False, shape=torch.Size(shape), stride=stride)
+            if kind == "param":
+                model[fqn] = dt
+            else:
+                st[kind] = dt
+        state[fqn] = st
+    return {
+        "model": model,
+        "optim": {"state": state, "param_groups": [dict(g) for g in PARAM_GROUPS]},
+        "step": 0 if zeros else 100,
+    }
+
+
+def zero(sd: dict) -> None:
+    for dt in tensors(sd):
+        dt.to_local().zero_()
+    sd["step"] = 0
+
+
+def tensors(sd: dict) -> list[DTensor]:
+    out = list(sd["model"].values())
+    for st in sd["optim"]["state"].values():
+        out += [st["exp_avg"], st["exp_avg_sq"]]
+    return out
+
+
+def check(sd: dict) -> list[str]:
+    """Names whose local shard differs from the values the source was built from."""
+    bad = []
+    for fqn, dt in sd["model"].items():
+        st = sd["optim"]["state"][fqn]
+        for kind, t in (("param", dt), ("exp_avg", st["exp_avg"]), ("exp_avg_sq", st["exp_avg_sq"])):
+            local_shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+            s = KINDS[kind] + (zlib.crc32(fqn.encode()) % 1000)
+            if not torch.equal(t.to_local(), values(tuple(t.shape), tuple(offset), tuple(local_shape), s)):
+                bad.append(f"{fqn}.{kind}")
+        if st["step"] != 100.0:
+            bad.append(f"{fqn}.step={st['step']}")
+    if sd["step"] != 100:
+        bad.append(f"step={sd['step']}")
+    return bad[:5]
+
+
+def local_bytes(sd: dict) -> int:
+    return sum(t.to_local().numel() * t.to_local().element_size() for t in tensors(sd))
+
+
+def timed(fn, active: bool) -> tuple[float | None, object]:
+    """Run `fn` on the active ranks between two barriers of the whole world; this rank's seconds."""
+    dist.barrier()
+    t = time.perf_counter()
+    out = fn() if active else None
+    seconds = time.perf_counter() - t if active else None
+    dist.barrier()
+    return seconds, out
+
+
+def evict(directory: Path) -> None:
+    """Drop the checkpoint's pages from the page cache (our files only), so the next read comes from disk."""
+    for f in directory.rglob("*"):
+        if f.is_file():
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def run_dcp(src, dst, root: Path, ga, gb, in_a: bool, in_b: bool, disk: bool, rank: int) -> dict:
+    """dcp.save of the source layout, then dcp.load into the target layout through `root`."""
+    from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+
+    path = root / "ckpt"
+    if rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True)
+    out: dict = {}
+
+    def save() -> None:
+        # sync_files=True (the default): every data file and the metadata file are fsync'd; the directory
+        # entry too, below, so the checkpoint survives a crash of the machine.
+        dcp.save(src, storage_writer=FileSystemWriter(path, sync_files=True), process_group=ga)
+        if dist.get_rank(ga) == 0:
+            fsync_dir(path)
+
+    def load() -> None:
+        dcp.load(dst, storage_reader=FileSystemReader(path), process_group=gb)
+
+    out["save"], _ = timed(save, in_a)
+    if disk:
+        if rank == 0:
+            evict(path)
+        zero_b(dst, in_b)
+        out["load_cold"], _ = timed(load, in_b)
+    zero_b(dst, in_b)
+    out["load"], _ = timed(load, in_b)
+    out["bad"] = check(dst) if in_b else []
+    dist.barrier()
+    if rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+    return out
+
+
+def zero_b(dst: dict | None, in_b: bool) -> None:
+    if in_b:
+        zero(dst)
+
+
+def run_case(case: dict, cfg: GPTConfig, groups: dict, rank: int, stores: dict, dirs: dict, tag: str) -> dict:
+    la, lb, hosts = case["src"], case["dst"], case["hosts"]
+    wa, wb = world_of(la), world_of(lb)
+    in_a, in_b = rank < wa, rank < wb
+    ga, gb = groups[wa], groups[wb]
+    os.environ["TENPLEX_STORE"] = stores["a"] if hosts == 1 or rank < 2 else stores["b"]
+    job = f"reconfig-{case['name']}-{hosts}h-{tag}"
+    src = build(cfg, la, rank, zeros=False) if in_a else None
+    dst = build(cfg, lb, rank, zeros=True) if in_b else None
+    res: dict = {"rank": rank, "src_bytes": local_bytes(src) if in_a else 0}
+
+    t_save, handle = timed(lambda: tenplex.save(src, job=job, step=1, process_group=ga), in_a)
+    res["save"] = t_save
+    res["saved_bytes"] = handle.bytes_written if handle else 0
+    t_load, info = timed(lambda: tenplex.load(dst, job=job, process_group=gb), in_b)
+    res["load"] = t_load
+    if info is not None:
+        res["bytes"], res["plan_bytes"], res["load_inner"] = info.bytes, info.plan_bytes, info.seconds
+        res["bad"] = check(dst)
+    zero_b(dst, in_b)
+    t_central, info_c = timed(lambda: tenplex.load(dst, job=job, central=True, process_group=gb), in_b)
+    res["central_load"] = t_central
+    if info_c is not None:
+        res["central_bytes"] = info_c.bytes
+        res["bad_central"] = check(dst)
+    dist.barrier()
+    if rank == 0:
+        for url in sorted({stores["a"], stores["b"]}):
+            if job in StoreClient(url).jobs():
+                StoreClient(url).delete_job(job)
+    if case.get("dcp", True):
+        res["dcp_disk"] = run_dcp(src, dst, dirs["disk"], ga, gb, in_a, in_b, True, rank)
+        res["dcp_shm"] = run_dcp(src, dst, dirs["shm"], ga, gb, in_a, in_b, False, rank)
+    dist.barrier()
+    return res
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    groups = {k: dist.new_group(list(range(k))) for k in (1, 2, 4)}
+    spec = json.loads(os.environ["TENPLEX_BENCH_SPEC"])
+    cfg = GPTConfig(**spec["model"])
+    stores = {"a": spec["store_a"], "b": spec["store_b"]}
+    dirs = {"disk": Path(spec["disk_dir"]), "shm": Path(spec["shm_dir"])}
+    out = Path(os.environ["TENPLEX_BENCH_OUT"])
+    # warm-up, untimed: first store writes, first DCP save/load, imports on first use
+    tiny = GPTConfig(layers=4, hidden=64, heads=4, vocab=256, seq=64)
+    for hosts in (1, 2):
+        run_case({"name": "warmup", "src": [1, 2, 2], "dst": [2, 1, 2], "hosts": hosts}, tiny, groups, rank,
+                 stores, dirs, "warmup")  # fmt: skip
+    results = []
+    for case in spec["cases"]:
+        t = time.perf_counter()
+        reps = [run_case(case, cfg, groups, rank, stores, dirs, str(i)) for i in range(spec["repeat"])]
+        results.append({"case": case, "reps": reps})
+        if rank == 0:
+            print(f"  {case['name']} {case['hosts']}h done in {time.perf_counter() - t:.1f} s", flush=True)
+        (out / f"rank{rank}.json").write_text(json.dumps(results))  # partial results survive a crash
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

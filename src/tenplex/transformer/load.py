@@ -16,7 +16,7 @@ import numpy as np
 
 from ..planner import Fetch, Route, plan
 from ..ptc import PTC
-from ..store import StoreClient, StoreError, StoreUnavailable
+from ..store import StoreClient, StoreError, StoreUnavailable, read_many
 from . import world
 from .errors import KeyMismatchError, NoSnapshotError, ShapeMismatchError, StateError, UnrecoverableError
 from .layout import blob_name, build_ptc, gather, merged_values, subset
@@ -99,7 +99,8 @@ def load(
             )
         raise UnrecoverableError([(t, str(b)) for t, b in p.unrecoverable])
     me = world.rank(group)
-    moved = _execute(p.for_rank(me), shards, job, step, old_view, url, central, concurrency)
+    shared = _shared_remote_boxes(p, new.mesh.hosts[me])
+    moved = _execute(p.for_rank(me), shards, job, step, old_view, url, central, concurrency, shared)
     restore(state_dict, tree, {k: v for k, v in old.values.items() if k in values})
     world.barrier(group)
     _drop_relays(job, step, url, layouts, me)
@@ -220,6 +221,17 @@ def _remap_hosts(old: PTC, remap: dict[str, str]) -> PTC:
     return PTC(Mesh(old.mesh.axes, old.mesh.devices, hosts), old.tensors, old.placements, old.values)
 
 
+def _shared_remote_boxes(p: Any, host: str) -> set[tuple[str, Any, int]]:
+    """(tensor, box, source rank) that more than one rank of `host` pulls from another host: only those go
+    through the host's store (fetched once, served to each); a box one rank alone needs is read directly."""
+    out = set()
+    for g in p.groups:
+        for m in g.moves:
+            if m.route is Route.RELAYED and p.new.mesh.hosts[m.dst] == host:
+                out.update((t, m.box, m.src) for t in g.tensors)
+    return out
+
+
 def _execute(
     fetches: list[Fetch],
     shards: dict[str, LocalShard],
@@ -229,38 +241,50 @@ def _execute(
     url: str,
     central: bool,
     concurrency: int,
+    shared: set[tuple[str, Any, int]],
 ) -> dict[str, int]:
-    """Pull every box of this rank into its tensors, `concurrency` requests at a time."""
+    """Pull every box of this rank into its tensors.
+
+    Boxes read from one store are batched (one lookup on this host, one request over the network per
+    batch) and the stores are read in parallel; boxes several local ranks need from another host go
+    through this host's store, which fetches each once."""
     staged = {name: Staged(shards[name].local, fill=False) for name in {f.tensor for f in fetches}}
     own = client(url)
     hub: StoreClient | None = client(old.mesh.hosts[0]) if central else None
     sources = {(name, r): piece.box for name in staged for piece in old.pieces(name) for r in piece.holders}
     moved: dict[str, int] = {"central": 0} if central else {r.value: 0 for r in Route}
-
-    def one(f: Fetch) -> None:
-        shard = shards[f.tensor]
-        dst = staged[f.tensor].array[(*f.box.relative_to(shard.box).slices(), ...)]
+    direct: list[tuple[StoreClient, str, int, str, Any, np.ndarray]] = []
+    relayed: list[tuple[StoreClient, str, str, Any, np.ndarray]] = []
+    copies: list[tuple[np.ndarray, np.ndarray]] = []
+    for f in fetches:
+        dst = staged[f.tensor].array[(*f.box.relative_to(shards[f.tensor].box).slices(), ...)]
         out = dst if dst.flags.c_contiguous else np.empty(dst.shape, dst.dtype)
+        if out is not dst:
+            copies.append((dst, out))
         src_box = f.box.relative_to(sources[(f.tensor, f.src)])
         src_url, blob = old.mesh.hosts[f.src], blob_name(f.src, f.tensor)
-        if hub is not None and src_url == hub.url:
-            hub.read_box(job, step, blob, src_box, out)
-        elif hub is not None:
-            hub.fetch_remote(src_url, job, step, blob, src_box, out)
+        if hub is not None:
+            if src_url == hub.url:
+                direct.append((hub, job, step, blob, src_box, out))
+            else:
+                relayed.append((hub, src_url, blob, src_box, out))
         elif src_url == url:
-            own.read_box(job, step, blob, src_box, out)
+            direct.append((own, job, step, blob, src_box, out))
+        elif (f.tensor, f.box, f.src) in shared:
+            relayed.append((own, src_url, blob, src_box, out))
         else:
-            own.fetch_remote(src_url, job, step, blob, src_box, out)
-        if out is not dst:
-            np.copyto(dst, out)
-
-    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        for f, fut in zip(fetches, [pool.submit(one, f) for f in fetches]):
-            try:
+            direct.append((client(src_url), job, step, blob, src_box, out))
+        moved["central" if central else f.route.value] += f.box.volume * old.tensors[f.tensor].itemsize
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+            relays = [pool.submit(c.fetch_remote, u, job, step, b, box, o) for c, u, b, box, o in relayed]
+            read_many(direct, concurrency)
+            for fut in relays:
                 fut.result()
-            except StoreError as e:
-                raise StateError(f"loading {f.tensor} {f.box} from rank {f.src}: {e}") from e
-            moved["central" if central else f.route.value] += f.box.volume * old.tensors[f.tensor].itemsize
+    except StoreError as e:
+        raise StateError(f"loading the snapshot of {job!r} at step {step}: {e}") from e
+    for dst, out in copies:
+        np.copyto(dst, out)
     for s in staged.values():
         s.finish()
     return moved

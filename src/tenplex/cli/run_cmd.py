@@ -147,7 +147,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=choose_cmd)
 
-    d = sub.add_parser("demo", help="a 2-3 minute elastic job: dp, tp and pp changes, a redeploy, a failure")
+    d = sub.add_parser("demo", help="a 1-3 minute elastic job: dp, tp and pp changes, a redeploy, a failure")
     d.add_argument("--run-dir", default="runs/demo")
     d.add_argument("--model", default="tiny")
     d.add_argument("--steps", type=int, default=60)

@@ -34,7 +34,8 @@ def expand(obj: Any) -> Any:
     if isinstance(obj, Mapping):
         return {k: expand(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(expand(v) for v in obj) if isinstance(obj, list) else tuple(expand(v) for v in obj)
+        items = [expand(v) for v in obj]
+        return items if isinstance(obj, list) else tuple(items)
     return obj
 
 

@@ -15,10 +15,6 @@ from ..ptc import TenplexError
 COMMANDS = ("plan_cmd", "store_cmd", "train_cmd", "inspect_cmd", "run_cmd")
 
 
-class UsageError(TenplexError):
-    """Bad flags or values given on the command line (exit code 2)."""
-
-
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2
         print(f"tenplex: error: {message}", file=sys.stderr)

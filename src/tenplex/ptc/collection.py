@@ -137,9 +137,6 @@ class PTC:
                 for r in piece.holders:
                     yield LocalShard(name, piece.box, r)
 
-    def with_values(self, values: dict[str, Any]) -> PTC:
-        return PTC(self.mesh, self.tensors, self.placements, dict(values))
-
     # -- manifest ---------------------------------------------------------------------------------
 
     def to_json(self) -> dict:

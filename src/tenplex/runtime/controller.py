@@ -55,11 +55,17 @@ class Phase:
     offset: int = 0
     killed: list[int] = field(default_factory=list)
     failed_at: float | None = None
+    last_step: int = -1  # the newest step the ranks reported (loaded, or trained)
+    trained: bool = False  # whether a step was trained in this phase
 
-    @property
-    def last_step(self) -> int:
-        steps = [r["step"] for r in self.records if r["kind"] in ("step", "loaded", "fresh")]
-        return max(steps, default=self.start_step)
+    def __post_init__(self) -> None:
+        self.last_step = max(self.last_step, self.start_step)
+
+    def add(self, r: dict) -> None:
+        self.records.append(r)
+        if r["kind"] in ("step", "loaded", "fresh"):
+            self.last_step = max(self.last_step, r["step"])
+        self.trained = self.trained or r["kind"] == "step"
 
 
 class Controller:
@@ -237,22 +243,9 @@ class Controller:
         fails = [e for e in by_step if e.is_failure and phase.start_step <= e.step < phase.until]
         deadline = by_time[0].time if by_time else None
         while True:
-            new, phase.offset = read_records(phase.dir / "worker.jsonl", phase.offset)
-            for r in new:
-                phase.records.append(r)
-                self.timeline.write(
-                    "worker",
-                    phase=phase.index,
-                    event=r["kind"],
-                    at=r["time"],
-                    **{k: v for k, v in r.items() if k not in ("time", "kind")},
-                )
-                self.live.record(r, phase.layout)
-                if r["kind"] == "ready":
-                    self._report_reconfig(prev, phase)
-            trained = any(r["kind"] == "step" for r in phase.records)
+            self._take_records(phase, prev)
             for e in list(fails):
-                if trained and phase.last_step >= e.step and phase.failed_at is None:
+                if phase.trained and phase.last_step >= e.step and phase.failed_at is None:
                     fails.remove(e)
                     by_step.remove(e)
                     self._fail(phase, e)
@@ -270,12 +263,25 @@ class Controller:
                     if p.poll() is None:
                         p.kill()
             time.sleep(0.05)
-        new, phase.offset = read_records(phase.dir / "worker.jsonl", phase.offset)
-        phase.records.extend(new)
-        for r in new:
-            self.live.record(r, phase.layout)
+        self._take_records(phase, prev)  # what the ranks wrote just before exiting
         if phase.failed_at is None and any(p.returncode != 0 for p in phase.procs):
             phase.failed_at = time.time()
+
+    def _take_records(self, phase: Phase, prev: Phase | None) -> None:
+        """New worker records: into the phase, the timeline and the live view."""
+        new, phase.offset = read_records(phase.dir / "worker.jsonl", phase.offset)
+        for r in new:
+            phase.add(r)
+            self.timeline.write(
+                "worker",
+                phase=phase.index,
+                event=r["kind"],
+                at=r["time"],
+                **{k: v for k, v in r.items() if k not in ("time", "kind")},
+            )
+            self.live.record(r, phase.layout)
+            if r["kind"] == "ready":
+                self._report_reconfig(prev, phase)
 
     def _fail(self, phase: Phase, e: Event) -> None:
         ranks = [r for r in e.fail if r < len(phase.procs)]

@@ -42,13 +42,15 @@ def test_box_algebra():
 
 
 @given(st.integers(0, 50), st.integers(1, 9))
+@settings(deadline=None)
 def test_chunk_bounds_match_torch_chunk(size, parts):
-    step = math.ceil(size / parts) if size else 0
-    expected = [len(c) for c in np.array_split(np.arange(size), range(step, size, step))] if step else []
-    got = [b - a for a, b in (chunk_bounds(size, parts, i) for i in range(parts))]
-    assert sum(got) == size
-    assert [g for g in got if g] == [e for e in expected if e]
-    assert all(g <= step for g in got)
+    import torch  # the one reference the PTC core must agree with
+
+    chunks = torch.arange(size).chunk(parts)  # may return fewer than `parts` pieces: the rest are empty
+    expected = [(int(c[0]), int(c[-1]) + 1) for c in chunks if len(c)]
+    got = [chunk_bounds(size, parts, i) for i in range(parts)]
+    assert [g for g in got if g[1] > g[0]] == expected
+    assert all(a == b == size for a, b in got[len(expected) :])
 
 
 def test_mesh_coordinates_and_hosts():

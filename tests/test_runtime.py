@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from tenplex.runtime.chooser import (
     choose,
     default_model,
     parse_table,
+    self_check,
 )
 from tenplex.runtime.schedule import ScheduleError, parse_schedule
 from tenplex.train.layout import Layout
@@ -101,20 +101,10 @@ def test_chooser_respects_device_memory():
 
 def test_top_choice_is_within_ten_percent_of_the_best_measured_layout():
     """On the calibration benchmark itself: the model's pick, measured, against the measured best."""
-    model = default_model()
-    groups = defaultdict(list)
-    for r in calibration_rows(calibration()):
-        groups[(r["model"], r["world"])].append(r)
-    assert len(groups) >= 4
-    for key, rows in groups.items():
-
-        def predicted(r):
-            lay = Layout(r["dp"], r["tp"], r["pp"])
-            return model.seconds(preset(r["model"]), lay, r["global_batch"], r["micro_batch"])
-
-        pick = min(rows, key=predicted)
-        best = min(r["step_time_s"] for r in rows)
-        assert pick["step_time_s"] <= 1.10 * best, (key, pick["layout"], pick["step_time_s"], best)
+    checks = self_check(default_model(), calibration_rows(calibration()))
+    assert len(checks) >= 4
+    for c in checks:
+        assert c["ratio"] <= 1.10, c
 
 
 def test_para_config_overrides_and_is_validated():

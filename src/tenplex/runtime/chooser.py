@@ -144,6 +144,27 @@ def calibration_rows(data: dict) -> list[dict]:
     return out
 
 
+def self_check(model: CostModel, rows: list[dict]) -> list[dict]:
+    """Per (model, devices) of the calibration benchmark: the layout the cost model picks, and its measured
+    step time against the best measured one (1.0: the model picked the fastest)."""
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["world"]), []).append(r)
+    out = []
+    for (name, world), rs in groups.items():
+        pick = min(
+            rs,
+            key=lambda r: model.seconds(
+                preset(r["model"]), Layout(r["dp"], r["tp"], r["pp"]), r["global_batch"], r["micro_batch"]
+            ),
+        )
+        best = min(r["step_time_s"] for r in rs)
+        out.append(
+            {"model": name, "devices": world, "pick": pick["layout"], "ratio": pick["step_time_s"] / best}
+        )
+    return out
+
+
 @cache
 def default_model() -> CostModel:
     data = calibration()

@@ -1,3 +1,4 @@
+import gc
 import time
 from collections import defaultdict
 
@@ -166,15 +167,20 @@ def test_incompatible_layouts_are_rejected():
         plan(a, a, lost=["h9"])
 
 
-def _plan_seconds(old_dp: int, new_dp: int, repeat: int = 3) -> float:
+def _plan_seconds(sizes: list[tuple[int, int]], repeat: int = 5) -> list[float]:
+    """Best of `repeat` per size, sizes interleaved so a burst of load on a shared machine hits all alike."""
     cfg = preset("gpt3-175b")
-    old = gpt_ptc(cfg, old_dp, 8, 16)
-    new = gpt_ptc(cfg, new_dp, 8, 16)
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        plan(old, new)
-        best = min(best, time.perf_counter() - t)
+    pairs = [(gpt_ptc(cfg, a, 8, 16), gpt_ptc(cfg, b, 8, 16)) for a, b in sizes]
+    best = [float("inf")] * len(pairs)
+    gc.disable()
+    try:
+        for _ in range(repeat):
+            for i, (old, new) in enumerate(pairs):
+                t = time.perf_counter()
+                plan(old, new)
+                best[i] = min(best[i], time.perf_counter() - t)
+    finally:
+        gc.enable()
     return best
 
 
@@ -190,5 +196,7 @@ def test_gpt3_175b_on_2048_devices_plans_in_under_two_seconds():
 
 
 def test_planning_time_grows_about_linearly():
-    small, large = _plan_seconds(8, 16), _plan_seconds(16, 32)
-    assert 1.3 < large / small < 3.0, (small, large)
+    # 4x the devices (two doublings): linear planning takes about 4x (a little less, some work is per
+    # tensor), a quadratic overlap search 16x; a 4x span keeps timer noise and fixed costs from deciding it
+    small, large = _plan_seconds([(4, 8), (16, 32)])
+    assert 2.0 < large / small < 6.0, (small, large)

@@ -66,12 +66,16 @@ def tensor_set(draw) -> list[TensorMeta]:
 
 
 @st.composite
+def ptcs(draw, metas: list[TensorMeta] | None = None, mesh: Mesh | None = None) -> PTC:
+    metas = metas if metas is not None else draw(tensor_set())
+    mesh = mesh if mesh is not None else draw(meshes())
+    return PTC.build(mesh, [(m, draw(placements(mesh, m.shape))) for m in metas])
+
+
+@st.composite
 def ptc_pairs(draw) -> tuple[PTC, PTC]:
     """An old and a new layout of the same tensors; the new one reuses some old devices and hosts."""
     metas = draw(tensor_set())
-    old_mesh = draw(meshes())
-    pool = list(zip(old_mesh.devices, old_mesh.hosts))
-    new_mesh = draw(meshes(devices_pool=pool))
-    old = PTC.build(old_mesh, [(m, draw(placements(old_mesh, m.shape))) for m in metas])
-    new = PTC.build(new_mesh, [(m, draw(placements(new_mesh, m.shape))) for m in metas])
+    old = draw(ptcs(metas))
+    new = draw(ptcs(metas, draw(meshes(devices_pool=list(zip(old.mesh.devices, old.mesh.hosts))))))
     return old, new

@@ -28,6 +28,17 @@ def test_plan_json_has_the_documented_fields():
     assert d["bytes"]["cross_host"] == d["bytes"]["cross_host_lower_bound"] > 0
     assert d["central"]["bytes"]["cross_host"] > d["bytes"]["cross_host"]
     assert d["plan_seconds"] < 5 and d["unrecoverable"] == []
+    # ranks matched to the devices holding their state, unless asked to take devices in numbering order
+    assert d["assignment"]["mode"] == "match" and len(d["assignment"]["devices"]) == 16
+    assert d["assignment"]["cross_host_by_numbering"] > 1.4 * d["bytes"]["cross_host"]
+    r = tenplex("plan", "--model", "gpt3-2.7b", "--from", "dp=1,tp=4,pp=2", "--to", "dp=2,tp=4,pp=2",
+                "--devices-per-host", "4", "--assign", "numbering", "--json")  # fmt: skip
+    n = json.loads(r.stdout)
+    assert (
+        n["bytes"]["cross_host"]
+        == n["assignment"]["cross_host_by_numbering"]
+        == d["assignment"]["cross_host_by_numbering"]
+    )
 
 
 def test_plan_lost_hosts_lists_unrecoverable_boxes():

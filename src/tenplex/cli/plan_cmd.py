@@ -6,8 +6,8 @@ import argparse
 import json
 import time
 
-from ..planner import Bandwidth, Plan, central_plan, plan
-from ..ptc import PTC, GPTConfig, Mesh, PTCError, device_id, gpt_ptc, preset
+from ..planner import Bandwidth, Plan, assign, central_plan, plan
+from ..ptc import GPTConfig, Mesh, PTCError, device_id, gpt_ptc, preset
 from .format import human_bytes, print_table
 
 LAYOUT_KEYS = ("dp", "tp", "pp")
@@ -47,7 +47,8 @@ def allocate_devices(
     return pool[:count]
 
 
-def build_plans(args: argparse.Namespace) -> tuple[PTC, PTC, Plan, Plan]:
+def build_plans(args: argparse.Namespace) -> tuple[Plan, Plan, Plan]:
+    """The plan, the central baseline and the plan with devices taken in numbering order."""
     cfg: GPTConfig = preset(args.model)
     src, dst = parse_layout(args.source), parse_layout(args.target)
     dph = args.devices_per_host
@@ -64,12 +65,15 @@ def build_plans(args: argparse.Namespace) -> tuple[PTC, PTC, Plan, Plan]:
     if args.devices is not None and args.devices != n:
         raise PTCError(f"--to {args.target} needs {n} devices, but --devices is {args.devices}")
     devices = allocate_devices(old.mesh, n, dph, lost_hosts, args.redeploy)
-    new = gpt_ptc(cfg, dst["dp"], dst["tp"], dst["pp"], devices=devices, zero=args.zero)
+    numbered = gpt_ptc(cfg, dst["dp"], dst["tp"], dst["pp"], devices=devices, zero=args.zero)
+    new = assign(old, numbered, lost_hosts) if args.assign == "match" else numbered
     bw = Bandwidth(network=args.network_gbps * 1e9, local=args.local_gbps * 1e9)
-    return old, new, plan(old, new, lost_hosts, bw), central_plan(old, new, lost_hosts, bw)
+    p = plan(old, new, lost_hosts, bw)
+    by_numbering = p if new is numbered else plan(old, numbered, lost_hosts, bw)
+    return p, central_plan(old, new, lost_hosts, bw), by_numbering
 
 
-def report(p: Plan, c: Plan, args: argparse.Namespace, seconds: float) -> dict:
+def report(p: Plan, c: Plan, by_numbering: Plan, args: argparse.Namespace, seconds: float) -> dict:
     s = p.stats.to_json()
     out = {
         "model": args.model,
@@ -81,6 +85,11 @@ def report(p: Plan, c: Plan, args: argparse.Namespace, seconds: float) -> dict:
         "plan_seconds": seconds,
         "unrecoverable": p.unrecoverable_report(),
         "central": c.stats.to_json(),
+        "assignment": {
+            "mode": args.assign,
+            "devices": list(p.new.mesh.devices),
+            "cross_host_by_numbering": by_numbering.stats.cross_host,
+        },
     }
     out["central"]["ratio_cross_host"] = (
         c.stats.cross_host / p.stats.cross_host if p.stats.cross_host else None
@@ -132,6 +141,12 @@ def print_report(p: Plan, c: Plan, data: dict) -> None:
             f"central moves {cs.cross_host / s.cross_host:.2f}x the cross-host bytes and takes "
             f"{cs.estimated_seconds / max(s.estimated_seconds, 1e-12):.2f}x the estimated time"
         )
+    numbered = data["assignment"]["cross_host_by_numbering"]
+    if numbered != s.cross_host:
+        print(
+            f"ranks matched to the devices holding their state: {human_bytes(s.cross_host)} across hosts "
+            f"instead of {human_bytes(numbered)} with devices in numbering order"
+        )
     if p.unrecoverable:
         names = sorted({t for t, _ in p.unrecoverable})
         print(
@@ -146,8 +161,8 @@ def _host_key(h: str) -> tuple[int, str]:
 
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
-    _, _, p, c = build_plans(args)
-    data = report(p, c, args, time.perf_counter() - started)
+    p, c, by_numbering = build_plans(args)
+    data = report(p, c, by_numbering, args, time.perf_counter() - started)
     if args.json:
         print(json.dumps(data))
     else:
@@ -174,6 +189,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="indices of old hosts that failed (their state is gone)",
     )
     cmd.add_argument("--redeploy", action="store_true", help="the new layout runs on disjoint, fresh hosts")
+    cmd.add_argument(
+        "--assign",
+        choices=("match", "numbering"),
+        default="match",
+        help="match ranks to the devices holding their state (default, as `tenplex run` does), "
+        "or take the new devices in numbering order",
+    )
     cmd.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage of the job")
     cmd.add_argument("--network-gbps", type=float, default=12.5, help="GB/s per host and direction")
     cmd.add_argument("--local-gbps", type=float, default=9.0, help="GB/s of a copy within a host")

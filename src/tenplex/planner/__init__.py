@@ -1,7 +1,18 @@
 """Reconfiguration planning: old PTC x new PTC (x lost devices) -> what every new rank pulls, from where."""
 
+from .assign import assign
 from .central import central_plan
 from .plan import Fetch, Plan, PlanError, Route, plan
 from .stats import Bandwidth, PlanStats
 
-__all__ = ["Bandwidth", "Fetch", "Plan", "PlanError", "PlanStats", "Route", "central_plan", "plan"]
+__all__ = [
+    "Bandwidth",
+    "Fetch",
+    "Plan",
+    "PlanError",
+    "PlanStats",
+    "Route",
+    "assign",
+    "central_plan",
+    "plan",
+]

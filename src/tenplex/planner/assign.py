@@ -1,0 +1,138 @@
+"""Which device each rank of a new layout runs on, chosen so that the state stays where it already is.
+
+A layout fixes what every rank holds, not where the rank runs. Numbering the devices in order ignores the
+old layout: growing dp from 1 to 2 under pp 2 can put half of stage 1 on the hosts that hold stage 0 and
+send both stages across the network. Matching ranks to hosts by the bytes those hosts already hold, and
+then to devices by the bytes each device already holds, keeps them local. Blocks of consecutive ranks (a
+tensor-parallel group when tp is the innermost axis) stay on one host, as the default numbering keeps them,
+so fast intra-host links serve the same groups as before.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+
+from ..ptc import PTC, Mesh
+from .plan import SourceGrid, check_compatible, group_tensors, lost_ranks, plan
+from .transport import transport
+
+Role = int  # index of a distinct set of held pieces: ranks of one role hold exactly the same bytes
+
+
+def assign(old: PTC, new: PTC, lost: Iterable[str] = ()) -> PTC:
+    """`new` with its (device, host) pairs handed to ranks so that the fewest bytes cross hosts.
+
+    The devices and hosts stay the same set; only which rank runs where changes. Returns `new` itself when
+    the matching does not beat the given numbering, so the result never moves more bytes across hosts.
+    """
+    lost = tuple(lost)
+    check_compatible(old, new)
+    roles, on_host, on_device = _affinity(old, new, lost_ranks(old, lost))
+    slots = list(zip(new.mesh.devices, new.mesh.hosts))
+    block = _block(new.mesh)
+    host_of_rank = _match_hosts(new.mesh, roles, on_host, block)
+    order = _match_devices(slots, roles, on_device, host_of_rank)
+    mesh = Mesh(new.mesh.axes, tuple(slots[s][0] for s in order), tuple(slots[s][1] for s in order))
+    if mesh == new.mesh:
+        return new
+    candidate = PTC(mesh, new.tensors, new.placements, new.values)
+    before, after = plan(old, new, lost).stats, plan(old, candidate, lost).stats
+    return candidate if (after.cross_host, -after.kept) < (before.cross_host, -before.kept) else new
+
+
+def _affinity(
+    old: PTC, new: PTC, dead: frozenset[int]
+) -> tuple[list[Role], list[Counter[str]], list[Counter[str]]]:
+    """Each new rank's role, and per role the bytes already on each old host and on each old device."""
+    held: list[list[int]] = [[] for _ in range(new.mesh.size)]  # indices of the pieces each rank holds
+    piece_host: list[Counter[str]] = []
+    piece_device: list[Counter[str]] = []
+    for (shape, old_pl, new_pl), names in group_tensors(old, new).items():
+        weight = sum(new.tensors[n].itemsize for n in names)
+        grid = SourceGrid(old._pieces(shape, old_pl), len(shape))
+        for target in new._pieces(shape, new_pl):
+            hosts: Counter[str] = Counter()
+            devices: Counter[str] = Counter()
+            for source in grid.overlapping(target.box):
+                part = source.box.intersect(target.box)
+                assert part is not None
+                alive = [r for r in source.holders if r not in dead]
+                for h in {old.mesh.hosts[r] for r in alive}:
+                    hosts[h] += part.volume * weight
+                for r in alive:
+                    devices[old.mesh.devices[r]] += part.volume * weight
+            index = len(piece_host)
+            piece_host.append(hosts)
+            piece_device.append(devices)
+            for dst in target.holders:
+                held[dst].append(index)
+    signatures: dict[tuple[int, ...], Role] = {}
+    roles = [signatures.setdefault(tuple(h), len(signatures)) for h in held]
+    on_host: list[Counter[str]] = [Counter() for _ in signatures]
+    on_device: list[Counter[str]] = [Counter() for _ in signatures]
+    for sig, role in signatures.items():
+        for index in sig:
+            on_host[role].update(piece_host[index])
+            on_device[role].update(piece_device[index])
+    return roles, on_host, on_device
+
+
+def _block(mesh: Mesh) -> int:
+    """Consecutive ranks kept together on one host: the innermost axis, when every host fits whole ones."""
+    inner = mesh.axes[-1][1]
+    per_host = Counter(mesh.hosts).values()
+    return inner if all(n % inner == 0 for n in per_host) else 1
+
+
+def _match_hosts(mesh: Mesh, roles: list[Role], on_host: list[Counter[str]], block: int) -> list[str]:
+    """A host per rank: blocks of ranks to hosts, the bytes already there as large as possible in sum."""
+    hosts = mesh.host_names()
+    capacity = [n // block for n in map(Counter(mesh.hosts).__getitem__, hosts)]
+    kinds: dict[tuple[Role, ...], list[int]] = defaultdict(list)  # blocks holding the same bytes
+    for b in range(mesh.size // block):
+        kinds[tuple(roles[b * block : (b + 1) * block])].append(b)
+    value = {}
+    for k, kind in enumerate(kinds):
+        local: Counter[str] = Counter()
+        for role in kind:
+            local.update(on_host[role])
+        value.update({(k, j): local[h] for j, h in enumerate(hosts) if local[h]})
+    flow = transport([len(m) for m in kinds.values()], capacity, value)
+    host_of_rank = [""] * mesh.size
+    for k, members in enumerate(kinds.values()):
+        it = iter(members)
+        for j, n in enumerate(flow[k]):
+            for _ in range(n):
+                b = next(it)
+                host_of_rank[b * block : (b + 1) * block] = [hosts[j]] * block
+    return host_of_rank
+
+
+def _match_devices(
+    slots: list[tuple[str, str]],
+    roles: list[Role],
+    on_device: list[Counter[str]],
+    host_of_rank: list[str],
+) -> list[int]:
+    """A slot per rank within its host: the devices already holding the most of the ranks' bytes."""
+    order = [-1] * len(slots)
+    for h in dict.fromkeys(host_of_rank):
+        free = [s for s, (_, host) in enumerate(slots) if host == h]
+        by_role: dict[Role, list[int]] = defaultdict(list)
+        for r, host in enumerate(host_of_rank):
+            if host == h:
+                by_role[roles[r]].append(r)
+        value = {
+            (i, j): on_device[role][slots[s][0]]
+            for i, role in enumerate(by_role)
+            for j, s in enumerate(free)
+            if on_device[role][slots[s][0]]
+        }
+        flow = transport([len(m) for m in by_role.values()], [1] * len(free), value)
+        for i, ranks in enumerate(by_role.values()):
+            it = iter(ranks)
+            for j, n in enumerate(flow[i]):
+                if n:
+                    order[next(it)] = free[j]
+    return order

@@ -114,6 +114,28 @@ def test_para_config_overrides_and_is_validated():
         parse_table({"4": {"dp": 2}})
 
 
+# -- placing ranks ----------------------------------------------------------------------------------------
+
+
+def test_the_controller_starts_each_rank_where_its_state_lies(tmp_path):
+    from tenplex.runtime.controller import Controller, RunConfig
+    from tenplex.train.config import TrainConfig
+
+    cfg = RunConfig(
+        TrainConfig(model="tiny"), parse_schedule([{"step": 0, "devices": 4}]), 10, tmp_path, quiet=True
+    )
+    c = Controller(cfg)
+    hosts = [[f"h{h}/d0", f"h{h}/d1"] for h in range(4)]
+    every = [d for h in hosts for d in h]
+    assert c._match(Layout(2, 2, 2), every) == every  # nothing to load: allocation order
+    c.placed = (Layout(1, 2, 2), hosts[0] + hosts[1])  # stage 0 on h0, stage 1 on h1
+    # (pp, dp, tp) rank order: stage 1's first replica (ranks 4, 5) stays on h1's devices; numbering
+    # would have sent it to h2 and moved both stages across hosts
+    assert c._match(Layout(2, 2, 2), every) == hosts[0] + hosts[2] + hosts[1] + hosts[3]
+    c.cluster.failed_hosts.add("h1")  # h1 is gone: its stage comes from elsewhere, the rest stays put
+    assert c._match(Layout(1, 2, 2), hosts[0] + hosts[2])[:2] == hosts[0]
+
+
 # -- whole jobs -------------------------------------------------------------------------------------------
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")

@@ -78,6 +78,7 @@ class Controller:
         self.started = time.time()
         self.durable: str | None = None
         self.forced: Layout | None = None
+        self.placed: tuple[Layout, list[str]] | None = None  # the last phase's layout and rank -> device
 
     # -- the loop ------------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -148,6 +149,31 @@ class Controller:
         t = self.cfg.train
         return choose(t.model, devices, t.global_batch, t.micro_batch, table=self.cfg.table)
 
+    def _match(self, layout: Layout, devices: list[str]) -> list[str]:
+        """The allocation in rank order, each rank on the device (or host) that holds most of its state.
+
+        The state to load was laid out by the last phase; both layouts are the reference model's symbolic
+        PTCs, whose names and placements are those of the real job's state.
+        """
+        if self.placed is None:
+            return devices
+        from ..planner import assign
+        from ..ptc import PTCError, gpt_ptc
+
+        (was, before), model = self.placed, self.cfg.train.gpt()
+
+        def ptc(lay: Layout, devs: list[str]):
+            on = [(d, Cluster.host_of(d)) for d in devs]
+            return gpt_ptc(model, lay.dp, lay.tp, lay.pp, devices=on, zero=3 if lay.fsdp else 0)
+
+        gone = self.cluster.failed_devices | self.cluster.failed_hosts
+        lost = [x for x in gone if x in before or any(Cluster.host_of(d) == x for d in before)]
+        try:
+            return list(assign(ptc(was, before), ptc(layout, devices), lost).mesh.devices)
+        except PTCError as e:  # only an optimization: the job runs in allocation order instead
+            self.timeline.write("match_skipped", layout=str(layout), error=str(e))
+            return devices
+
     def _newest_durable(self) -> tuple[str | None, int]:
         """The newest persisted DCP snapshot of a previous controller (path, step), if any."""
         done = [p for p in (self.cfg.run_dir / "durable").glob("step-*") if (p / ".metadata").exists()]
@@ -170,7 +196,9 @@ class Controller:
     # -- one phase -----------------------------------------------------------------------------------------
     def _launch(self, index: int, layout: Layout, step: int, until: int) -> Phase:
         cfg = self.cfg
-        devices = list(self.cluster.allocation)
+        devices = self._match(layout, list(self.cluster.allocation))
+        self.cluster.allocation, self.placed = devices, (layout, devices)
+        self.cluster.save()
         phase = Phase(index, layout, devices, step, until, dir=cfg.run_dir / f"phase{index}")
         phase.dir.mkdir(parents=True, exist_ok=True)
         t = TrainConfig(

@@ -3,6 +3,8 @@
 Each row scales a job out by doubling dp. The baseline, measured in the same run, is an all-pairs overlap
 search (what a planner without an index does, e.g. PyTorch DCP's resharding): for every new shard it scans
 every old shard of the tensor. It runs only up to --baseline-max devices, since it grows quadratically.
+Each row also matches the new ranks to the devices holding their state (`tenplex.planner.assign`) and
+reports the cross-host bytes against taking the devices in numbering order, in the same run.
 
     python benchmarks/bench_planner.py [--max-devices 4096] [--out results/bench_planner.json]
 """
@@ -13,7 +15,7 @@ import argparse
 import time
 
 from common import print_rows, write_results
-from tenplex.planner import central_plan, plan
+from tenplex.planner import assign, central_plan, plan
 from tenplex.ptc import PTC, gpt_ptc, preset
 
 # (preset, tp, pp) per model: tp within a host, pp as in Megatron-LM's usual recipes
@@ -58,6 +60,9 @@ def main() -> None:
                 central_seconds = time.perf_counter() - t
                 shards = sum(len(pc.holders) for n in new.tensors for pc in new.pieces(n))
                 base = all_pairs_seconds(old, new) if 2 * devices <= args.baseline_max else None
+                t = time.perf_counter()
+                matched = plan(old, assign(old, new)).stats.cross_host
+                assign_seconds = time.perf_counter() - t
                 rows.append(
                     {
                         "model": name,
@@ -71,12 +76,17 @@ def main() -> None:
                         "speedup_vs_all_pairs": base / seconds if base else None,
                         "cross_host_GB": p.stats.cross_host / 1e9,
                         "lower_bound_GB": p.stats.cross_host_lower_bound / 1e9,
+                        "assign_s": assign_seconds,
+                        "matched_cross_host_GB": matched / 1e9,
+                        "matched_vs_numbering": matched / p.stats.cross_host if p.stats.cross_host else None,
                     }
                 )
                 print(rows[-1], flush=True)
             devices *= 2
     cols = ["model", "devices", "tensors", "new_shards", "plan_s", "all_pairs_s", "speedup_vs_all_pairs"]
     print_rows("planning time (scale-out by doubling dp)", rows, cols)
+    cols = ["model", "devices", "assign_s", "cross_host_GB", "matched_cross_host_GB", "matched_vs_numbering"]
+    print_rows("matching ranks to devices (assign + plan, against devices in numbering order)", rows, cols)
     print("wrote", write_results("bench_planner", rows, path=args.out))
 
 

@@ -1,7 +1,7 @@
 """tenplex: keep a PyTorch training job running while its devices change.
 
-`import tenplex` stays light: the torch integration (`save`, `load`, `persist`) loads on first use, so the
-PTC core and the planner work without torch installed.
+`import tenplex` stays light: the torch integration (`save`, `load`, `persist`, `ElasticJob`) loads on
+first use, so the PTC core and the planner work without torch installed.
 """
 
 from __future__ import annotations
@@ -12,7 +12,12 @@ from .ptc import PTCError, TenplexError
 
 __version__ = "0.1.0"
 
-_LAZY = {"save": "transformer", "load": "transformer", "persist": "transformer"}
+_LAZY = {
+    "save": "transformer",
+    "load": "transformer",
+    "persist": "transformer",
+    "ElasticJob": "runtime.job",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -24,4 +29,4 @@ def __getattr__(name: str) -> Any:
     return getattr(import_module(f".{module}", __name__), name)
 
 
-__all__ = ["PTCError", "TenplexError", "__version__", "load", "persist", "save"]
+__all__ = ["ElasticJob", "PTCError", "TenplexError", "__version__", "load", "persist", "save"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import time
 from pathlib import Path
 
@@ -39,6 +40,16 @@ def _add_job_args(p: argparse.ArgumentParser, steps: int, model: str, batch: int
     p.add_argument("--quiet", action="store_true")
 
 
+def _script(text: str | None) -> list[str] | None:
+    """`train.py --lr 0.1` -> the script (checked to exist) and its arguments."""
+    if not text:
+        return None
+    argv = shlex.split(text)
+    if not argv or not Path(argv[0]).is_file():
+        raise PTCError(f"--script {text!r}: no such file {argv[0] if argv else ''!r}")
+    return [str(Path(argv[0]).resolve()), *argv[1:]]
+
+
 def _table(path: str | None) -> dict | None:
     if not path:
         return None
@@ -65,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         snapshot_every=args.snapshot_every,
         table=_table(args.para_config),
         quiet=args.quiet,
+        script=_script(args.script),
     )
     Controller(cfg).run()
     s = summary(run_dir)
@@ -72,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     png = plot(run_dir, run_dir / "timeline.png")
     print_report(s)
     print(f"timeline: {run_dir / 'timeline.jsonl'}  plot: {png}  summary: {run_dir / 'summary.json'}")
-    return 0 if s["ledger"]["ok"] else 1
+    return 1 if s["ledger"]["ok"] is False else 0
 
 
 def choose_cmd(args: argparse.Namespace) -> int:
@@ -132,6 +144,12 @@ def demo(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run a training job under a resource schedule (scale, redeploy, failures)")
     p.add_argument("--schedule", required=True, help="JSON or YAML list of events")
+    p.add_argument(
+        "--script",
+        metavar='"TRAIN.PY ARGS"',
+        help="run your own training script (it uses tenplex.ElasticJob) instead of the reference workload; "
+        "--model then only guides the layout chooser",
+    )
     p.add_argument("--job", default="tenplex-job")
     p.add_argument("--run-dir", help="where the timeline, plot and stores' state go (default runs/JOB)")
     _add_job_args(p, steps=50, model="tiny", batch=8)

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..train.config import TrainConfig
 from ..train.layout import Layout
-from .chooser import choose
+from .chooser import ChooserError, choose
 from .cluster import Cluster
 from .live import LiveView
 from .records import Records, read_records
@@ -39,6 +39,7 @@ class RunConfig:
     table: dict | None = None
     persist: bool = True  # write a DCP snapshot at every reconfiguration (the durable tier)
     quiet: bool = False
+    script: list[str] | None = None  # a training script using `ElasticJob`, with its arguments
 
 
 @dataclass
@@ -147,7 +148,12 @@ class Controller:
         if self.forced is not None and self.forced.world == devices:
             return self.forced
         t = self.cfg.train
-        return choose(t.model, devices, t.global_batch, t.micro_batch, table=self.cfg.table)
+        try:
+            return choose(t.model, devices, t.global_batch, t.micro_batch, table=self.cfg.table)
+        except ChooserError:
+            if not self.cfg.script:
+                raise
+            return Layout(dp=devices)  # only a hint to a script, which lays itself out
 
     def _match(self, layout: Layout, devices: list[str]) -> list[str]:
         """The allocation in rank order, each rank on the device (or host) that holds most of its state.
@@ -155,7 +161,7 @@ class Controller:
         The state to load was laid out by the last phase; both layouts are the reference model's symbolic
         PTCs, whose names and placements are those of the real job's state.
         """
-        if self.placed is None:
+        if self.placed is None or self.cfg.script:  # a script's own layout is known only inside it
             return devices
         from ..planner import assign
         from ..ptc import PTCError, gpt_ptc
@@ -220,6 +226,7 @@ class Controller:
             "out": str(phase.dir),
             "stop_file": str(phase.dir / "stop"),
             "durable": self.durable,
+            "layout": asdict(layout),
         }
         (phase.dir / "spec.json").write_text(json.dumps(spec, indent=1))
         port = _free_port()
@@ -237,6 +244,7 @@ class Controller:
             f"({', '.join(sorted({Cluster.host_of(d) for d in devices}))}), steps {step}..{until}"
         )
         phase.launched = time.time()
+        command = [sys.executable, *(cfg.script or ["-m", "tenplex.runtime.worker"])]
         for rank, device in enumerate(devices):
             env = dict(os.environ)
             env.update(
@@ -251,11 +259,12 @@ class Controller:
                 TENPLEX_EMULATED_HOSTS="1",
                 TENPLEX_SOURCES=",".join(s["url"] for s in self.cluster.stores.values()),
                 TENPLEX_WORKER_SPEC=str(phase.dir / "spec.json"),
+                TENPLEX_JOB=cfg.job,
             )
             log = open(phase.dir / f"rank{rank}.log", "w")  # noqa: SIM115 - owned by the child
             phase.procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "tenplex.runtime.worker"],
+                    command,
                     env=env,
                     stdout=log,
                     stderr=subprocess.STDOUT,

@@ -27,9 +27,10 @@ class LiveView:
         if self.quiet:
             return
         if r["kind"] == "step":
+            rate = f"{r['tokens_per_s']:8.0f} tok/s  " if r.get("tokens_per_s") else ""
             line = (
                 f"step {r['step']:>4}/{self.steps}  {layout}  loss {r['loss']:.4f}  "
-                f"{r['tokens_per_s']:8.0f} tok/s  {r['step_time']:.2f} s/step"
+                f"{rate}{r['step_time']:.2f} s/step"
             )
             if self.tty:
                 sys.stdout.write("\r\033[K" + line)

@@ -1,0 +1,194 @@
+"""One rank's side of an elastic job, for any training script: resume, when to stop, snapshots, records.
+
+`tenplex run --script train.py` starts the script on every rank of every phase and hands it a spec
+(`TENPLEX_WORKER_SPEC`: job name, the step to stop at, the snapshot interval, where records go, the stop
+file, the layout it chose); under torchrun or alone the same script takes those from its arguments. The
+reference workload's worker is such a script too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..ptc import TenplexError
+from ..train.worker import init_distributed
+from ..transformer import NoSnapshotError, SaveHandle, load, save
+from .records import Records
+
+State = dict[str, Any] | Callable[[], dict[str, Any]]
+
+
+class JobError(TenplexError):
+    """The job was set up wrongly (no name, no step to stop at)."""
+
+
+class ElasticJob:
+    """What a rank needs to take part in an elastic job; every rank makes the same calls in the same order.
+
+    job = ElasticJob(until=1000)            # under `tenplex run`, the spec it passes wins
+    step = job.resume(state)                 # the newest snapshot, loaded in place (0: a fresh start)
+    while job.running(step):                 # False at the phase's last step, or once asked to stop
+        ...; step += 1
+        job.step_done(step, state, loss=loss)  # records the step, snapshots every K steps
+    job.finish(state, step)                  # the final save the next layout loads from
+    """
+
+    def __init__(
+        self,
+        name: str | None = None,
+        *,
+        until: int | None = None,
+        snapshot_every: int = 0,
+        out: str | None = None,
+        stop_file: str | None = None,
+        durable: str | None = None,
+        device: str = "auto",
+        keep: int = 3,
+        spec: dict[str, Any] | None = None,
+    ) -> None:
+        if spec is None and os.environ.get("TENPLEX_WORKER_SPEC"):
+            spec = json.loads(Path(os.environ["TENPLEX_WORKER_SPEC"]).read_text())
+        spec = spec or {}
+        self.name = spec.get("job") or name or os.environ.get("TENPLEX_JOB")
+        if not self.name:
+            raise JobError("name the job: ElasticJob('my-job'), $TENPLEX_JOB, or run it under `tenplex run`")
+        limit = spec.get("until", until)
+        if limit is None:
+            raise JobError("say at which step the job ends: ElasticJob(..., until=STEPS)")
+        self.until = int(limit)
+        self.every = int(spec.get("snapshot_every", snapshot_every) or 0)
+        self.stop_file = spec.get("stop_file", stop_file)
+        self.durable = spec.get("durable", durable)
+        self.layout: dict[str, int] | None = spec.get("layout")  # the runtime chose it; scripts may ignore it
+        self.keep = keep
+        init_distributed(device)
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.out = spec.get("out", out)
+        self.records = Records(Path(self.out) / "worker.jsonl") if self.out and self.rank == 0 else None
+        self._ledger: Records | None = None
+        self.saved = -1  # the newest step this job committed that this process knows of
+        self.resumed = False  # whether `resume` loaded a snapshot
+        self._pending: SaveHandle | None = None
+        self._ready = False
+        self._started = self._last = time.perf_counter()
+        self._load_seconds = 0.0
+
+    def record(self, kind: str, **fields: Any) -> None:
+        """A record for the controller (rank 0 writes; the others have nothing to add)."""
+        if self.records is not None:
+            self.records.write(kind, **fields)
+
+    def samples(self, step: int, dp_rank: int, ids: list[int]) -> None:
+        """The data ledger: the sample ids data-parallel rank `dp_rank` trained on in `step` (call it on one
+        rank per dp rank). With `ready(..., sampler=sampler.state_dict())` the runtime checks, after the
+        run, that every global batch was the seeded one and no sample came twice in an epoch."""
+        if self.out is None:
+            return
+        if self._ledger is None:
+            self._ledger = Records(Path(self.out) / f"ledger-dp{dp_rank}.jsonl")
+        self._ledger.write("samples", step=step, dp=dp_rank, ids=list(ids))
+
+    def resume(self, state: dict[str, Any]) -> int:
+        """Load the newest committed snapshot into `state` in place; its step, or 0 when there is none."""
+        try:
+            info = load(state, job=self.name, path=self.durable)
+        except NoSnapshotError:
+            self.record("fresh", step=0, layout=self._layout_name())
+            return 0
+        self.saved, self._load_seconds, self.resumed = info.step, info.seconds, True
+        moved = _sum_over_ranks(info.bytes)
+        self.record(
+            "loaded",
+            step=info.step,
+            seconds=info.seconds,
+            bytes=moved,
+            source=info.source,
+            plan=info.plan_bytes,
+            lost_stores=info.lost_stores,
+            layout=self._layout_name(),
+        )
+        return info.step
+
+    def ready(self, step: int, **fields: Any) -> None:
+        """Mark the end of the restart (the downtime the controller reports ends here); `running` calls it
+        if the script did not. `build_seconds`: building the model and optimizer, without the load."""
+        if not self._ready:
+            self._ready = True
+            self.record(
+                "ready",
+                step=step,
+                build_seconds=time.perf_counter() - self._started - self._load_seconds,
+                layout=self._layout_name(),
+                pid=os.getpid(),
+                world=self.world,
+                **fields,
+            )
+            self._last = time.perf_counter()
+
+    def running(self, step: int) -> bool:
+        """Whether to train step `step + 1`: all ranks get the same answer (one all-reduce)."""
+        self.ready(step)
+        return step < self.until and not _stop_requested(self.stop_file)
+
+    def step_done(self, step: int, state: State, *, loss: float, **metrics: Any) -> None:
+        """Record the step; every `snapshot_every` steps snapshot `state` asynchronously (the step waits only
+        for the local copy). `state` may be a function that builds the state dict."""
+        now = time.perf_counter()
+        metrics.setdefault("step_time", now - self._last)
+        self._last = now
+        self.record("step", step=step, loss=float(loss), **metrics)
+        if self.every and step % self.every == 0 and step < self.until:
+            if self._pending is not None:
+                self._pending.wait()
+            t = time.perf_counter()
+            self._pending = save(_state(state), job=self.name, step=step, async_save=True, keep=self.keep)
+            self.saved = step
+            self.record("snapshot", step=step, stall=time.perf_counter() - t, mode="async")
+
+    def finish(self, state: State, step: int) -> None:
+        """Wait for snapshots in flight, save this step (unless already committed), and say done."""
+        if self._pending is not None:
+            self._pending.wait()
+            self._pending = None
+        if step == self.saved:  # loaded at this step, or snapshotted at it: that version holds this state
+            self.record("saved", step=step, seconds=0.0, bytes=0, already=True)
+        else:
+            t = time.perf_counter()
+            h = save(_state(state), job=self.name, step=step, keep=self.keep)
+            self.saved = step
+            self.record("saved", step=step, seconds=time.perf_counter() - t, bytes=h.bytes_written)
+        self.record("done", step=step)
+        dist.barrier()
+
+    def _layout_name(self) -> str:
+        if not self.layout:
+            return f"world{self.world}"
+        return "-".join(f"{k}{self.layout.get(k, 1)}" for k in ("dp", "tp", "pp")) + (
+            "-fsdp" if self.layout.get("fsdp") else ""
+        )
+
+
+def _state(state: State) -> dict[str, Any]:
+    return state() if callable(state) else state
+
+
+def _sum_over_ranks(values: dict[str, float]) -> dict[str, float]:
+    keys = sorted(values)
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+    dist.all_reduce(t)
+    return dict(zip(keys, t.tolist()))
+
+
+def _stop_requested(path: str | None) -> bool:
+    """Rank 0 looks for the stop file; all ranks agree through one all-reduce, so they stop together."""
+    flag = torch.tensor([1.0 if path and dist.get_rank() == 0 and os.path.exists(path) else 0.0])
+    dist.all_reduce(flag)
+    return bool(flag.item())

@@ -17,6 +17,7 @@ from .errors import ChecksumError
 from .keys import NUMPY_DTYPE
 
 SCRATCH = 8 << 20  # bytes of the per-connection buffer for strided boxes
+SLAB = 2 * CHUNK  # bytes of the blob a strided copy verifies and copies at a time
 
 
 def blob_array(buf: memoryview | bytearray, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -68,8 +69,17 @@ def copy_box(
     view = arr[box.slices()]
     lo, hi = byte_span(box, shape, arr.itemsize)
     if not view.flags.c_contiguous:
-        verify_span(data, digests, lo, hi, what)
-        np.copyto(out, view)
+        # in slabs of leading rows, each copied right after the chunks under it were verified (while they are
+        # in cache), rather than hashing the whole span first and reading it from memory again
+        rows = max(1, SLAB // arr.strides[0])
+        checked = lo // CHUNK  # chunks before this one are verified
+        first, rest = box.start[0], (box.start[1:], box.stop[1:])
+        for i in range(0, view.shape[0], rows):
+            j = min(i + rows, view.shape[0])
+            _, end = byte_span(Box((first + i, *rest[0]), (first + j, *rest[1])), shape, arr.itemsize)
+            verify_span(data, digests, checked * CHUNK, end, what)
+            checked = max(checked, (end - 1) // CHUNK + 1)
+            np.copyto(out[i:j], view[i:j])
         return
     dst = as_bytes(out)
     for c in range(lo // CHUNK, (hi - 1) // CHUNK + 1 if hi > lo else 0):

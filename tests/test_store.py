@@ -425,3 +425,52 @@ def test_freed_files_are_recycled_within_the_limit(request):
         c.delete_version(job, 2)
         c.write_blob(job, 3, "big", np.zeros(1 << 20, np.uint8))  # needs the pooled bytes back
         assert c.stats()["memory_pooled"] == 0
+
+
+BIG = np.random.default_rng(3).random((2048, 1024), dtype=np.float32)  # 8 MiB: 8 checksum chunks
+
+
+@given(st.data())
+@settings(max_examples=40, deadline=None)
+def test_strided_box_copies_verify_in_slabs_and_still_catch_every_corrupted_chunk(data):
+    from tenplex.store.boxio import copy_box
+    from tenplex.store.checksum import CHUNK, byte_span, chunk_digests
+
+    r0 = data.draw(st.integers(0, 2047))
+    r1 = data.draw(st.integers(r0 + 1, 2048))
+    c0 = data.draw(st.integers(0, 1022))
+    c1 = data.draw(st.integers(c0 + 1, 1023))  # never all columns: a strided view
+    box = Box((r0, c0), (r1, c1))
+    blob = BIG.copy()
+    raw = memoryview(blob.reshape(-1).view(np.uint8))
+    digests = chunk_digests(raw)
+    out = np.empty(box.shape, np.float32)
+    copy_box(raw, digests, "float32", blob.shape, box, out, "w")
+    np.testing.assert_array_equal(out, BIG[r0:r1, c0:c1])
+    bad = data.draw(st.integers(0, len(raw) - 1))
+    raw[bad] ^= 0xFF
+    lo, hi = byte_span(box, blob.shape, 4)
+    if lo // CHUNK <= bad // CHUNK <= (hi - 1) // CHUNK:  # the box touches the corrupted chunk
+        with pytest.raises(ChecksumError, match="corrupted"):
+            copy_box(raw, digests, "float32", blob.shape, box, out, "w")
+    else:
+        copy_box(raw, digests, "float32", blob.shape, box, out, "w")
+        np.testing.assert_array_equal(out, BIG[r0:r1, c0:c1])
+
+
+def test_a_commit_naming_its_blobs_drops_the_leftovers_of_an_abandoned_attempt(store, request):
+    job = job_name(request)
+    c = store.client(local=True)
+    used = c.stats()["memory_used"]
+    c.create_version(job, 1)
+    c.allocate_blob(job, 1, "r1/dead", "float32", (1000,))  # its writer died before sealing it
+    c.write_blob(job, 1, "r0/w", sample("float32", (10,)))
+    with pytest.raises(ConflictError, match="blobs missing: \\['r0/x'\\]"):
+        c.commit(job, 1, None, blobs=["r0/w", "r0/x"])
+    with pytest.raises(BadRequestError):
+        c.request("POST", f"/v1/jobs/{job}/versions/1/commit", {"manifest": None, "blobs": "r0/w"})
+    c.commit(job, 1, {"save_id": "s1"}, blobs=["r0/w"])
+    assert [b["name"] for b in c.blobs(job, 1)] == ["r0/w"]
+    assert c.save_ids(job) == {1: "s1"}
+    assert c.stats()["memory_used"] == used + 40  # the dead writer's blob is freed
+    c.delete_job(job)

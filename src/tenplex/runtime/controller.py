@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..ptc import TenplexError
 from ..train.config import TrainConfig
 from ..train.layout import Layout
 from .chooser import ChooserError, choose
@@ -25,6 +26,12 @@ from .cluster import Cluster
 from .live import LiveView
 from .records import Records, read_records
 from .schedule import Event
+
+MAX_CRASHES = 3  # phases in a row whose ranks die on their own before the job gives up
+
+
+class JobFailed(TenplexError):
+    """The ranks keep crashing: retrying would only loop; their logs say why."""
 
 
 @dataclass
@@ -58,6 +65,7 @@ class Phase:
     failed_at: float | None = None
     last_step: int = -1  # the newest step the ranks reported (loaded, or trained)
     trained: bool = False  # whether a step was trained in this phase
+    crashed: bool = False  # a rank died on its own (not a failure the schedule injected)
 
     def __post_init__(self) -> None:
         self.last_step = max(self.last_step, self.start_step)
@@ -107,7 +115,7 @@ class Controller:
             )
         if not self.cluster.allocation:
             self._apply(first, step)
-        index, prev = 0, None
+        index, prev, crashes = 0, None, 0
         while step < cfg.steps:
             while by_step and by_step[0].step <= step and not by_step[0].is_failure:
                 self._apply(by_step.pop(0), step)
@@ -115,6 +123,8 @@ class Controller:
             until = min([cfg.steps] + [e.step for e in by_step if not e.is_failure])
             phase = self._launch(index, layout, step, until)
             self._monitor(phase, by_step, by_time, prev)
+            crashes = crashes + 1 if phase.crashed else 0
+            self._give_up_after(crashes, phase)
             if phase.failed_at is not None:
                 survivors = self._handle_failure(phase)
                 step = self._committed_step()
@@ -127,12 +137,21 @@ class Controller:
                 step = phase.last_step
                 while by_time and self._elapsed() >= by_time[0].time:
                     self._apply(by_time.pop(0), step)
-                if cfg.persist and step < cfg.steps:
+                if cfg.persist:  # at every reconfiguration, and the final state at the end
                     self._persist(step)
             prev, index = phase, index + 1
-        self.timeline.write("finish", step=step, seconds=self._elapsed())
+        self.timeline.write("finish", step=step, seconds=self._elapsed(), durable=self.durable)
         self.live.close()
         return {"run_dir": str(cfg.run_dir), "steps": step, "phases": index}
+
+    def _give_up_after(self, crashes: int, phase: Phase) -> None:
+        if crashes >= MAX_CRASHES:
+            logs = phase.dir / "rank*.log"
+            self.timeline.write("give_up", step=phase.last_step, crashes=crashes, logs=str(logs))
+            self.live.close()
+            raise JobFailed(
+                f"ranks crashed in {crashes} phases in a row (the last at step {phase.last_step}): see {logs}"
+            )
 
     def _apply(self, e: Event, step: int) -> None:
         self.cluster.apply(e)
@@ -189,15 +208,10 @@ class Controller:
         return str(best), int(best.name[5:])
 
     def _committed_step(self) -> int:
-        from ..store import StoreClient, StoreError
+        """The step the next phase resumes from: the newest snapshot complete on the live stores."""
+        from ..transformer.load import newest_step
 
-        best = 0
-        for s in self.cluster.stores.values():
-            try:
-                best = max(best, StoreClient(s["url"], local=False).latest(self.cfg.job) or 0)
-            except StoreError:
-                continue
-        return best
+        return newest_step(self.cfg.job, [s["url"] for s in self.cluster.stores.values()]) or 0
 
     # -- one phase -----------------------------------------------------------------------------------------
     def _launch(self, index: int, layout: Layout, step: int, until: int) -> Phase:
@@ -294,6 +308,7 @@ class Controller:
             if phase.failed_at is None and any(c not in (None, 0) for c in codes):
                 phase.failed_at = time.time()  # a rank died on its own: the rest cannot go on
                 phase.killed = [i for i, c in enumerate(codes) if c not in (None, 0)]
+                phase.crashed = True
                 self.timeline.write("crash", phase=phase.index, ranks=phase.killed, step=phase.last_step)
             if phase.failed_at is not None and time.time() - phase.failed_at > 2:
                 for p in phase.procs:

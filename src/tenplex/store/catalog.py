@@ -72,6 +72,8 @@ class Version:
             "step": self.step, "committed": self.committed, "blobs": len(self.blobs),
             "nbytes": sum(b.nbytes for b in self.blobs.values()), "created": self.created,
             "replica_of": self.replica_of, "replication": self.replication,
+            # the committer's id for this save, so readers can tell it from another attempt at the step
+            "save_id": self.manifest.get("save_id") if isinstance(self.manifest, dict) else None,
         }  # fmt: skip
 
 
@@ -165,19 +167,32 @@ class Catalog:
             raise NotFoundError(f"version {step} of job {job!r} has no blob {name!r} to seal")
         return b
 
-    def commit(self, job: str, step: int, manifest: Any, replica_of: str | None) -> tuple[Version, bool]:
-        """Make a version visible; (version, True) when this call committed it, False if it already was."""
+    def commit(
+        self, job: str, step: int, manifest: Any, replica_of: str | None, blobs: list[str] | None = None
+    ) -> tuple[Version, bool]:
+        """Make a version visible; (version, True) when this call committed it, False if it already was.
+
+        With `blobs`, exactly those blobs make the version: each must be there and sealed, and any other
+        blob (left by a writer of an earlier, abandoned attempt at this version) is dropped.
+        """
         with self.lock:
             v = self.version(job, step)
             if v.committed:
                 return v, False
-            unsealed = [n for n, b in v.blobs.items() if not b.sealed]
+            wanted = v.blobs.keys() if blobs is None else blobs
+            missing = [n for n in wanted if n not in v.blobs]
+            if missing:
+                raise ConflictError(f"cannot commit version {step} of {job!r}: blobs missing: {missing[:5]}")
+            unsealed = [n for n in wanted if not v.blobs[n].sealed]
             if unsealed:
                 raise ConflictError(
                     f"cannot commit version {step} of {job!r}: blobs not sealed: {unsealed[:5]}"
                 )
+            stale = [v.blobs.pop(n) for n in set(v.blobs) - set(wanted)]
             v.manifest, v.replica_of, v.committed = manifest, replica_of, True
-            return v, True
+        for b in stale:
+            self.drop(b)
+        return v, True
 
     def delete_version(self, job: str, step: int) -> None:
         with self.lock:

@@ -204,6 +204,13 @@ class StoreClient:
         except NotFoundError:
             return []
 
+    def save_ids(self, job: str) -> dict[int, str | None]:
+        """Committed steps of `job` and the save id each was committed with."""
+        try:
+            return {v["step"]: v.get("save_id") for v in self.version_info(job) if v["committed"]}
+        except NotFoundError:
+            return {}
+
     def latest(self, job: str) -> int | None:
         steps = self.versions(job)
         return steps[-1] if steps else None
@@ -212,11 +219,20 @@ class StoreClient:
         self.request("POST", self._vpath(job, step))
 
     def commit(
-        self, job: str, step: int, manifest: Any, wait_replicas: bool = False, replica_of: str | None = None
+        self,
+        job: str,
+        step: int,
+        manifest: Any,
+        wait_replicas: bool = False,
+        replica_of: str | None = None,
+        blobs: list[str] | None = None,
     ) -> dict[str, Any]:
         """Make version `step` visible with its manifest, atomically; idempotent. With replication on,
-        `wait_replicas=True` returns only after the copies are on the peers."""
+        `wait_replicas=True` returns only after the copies are on the peers. `blobs`: the names that make
+        the version (each must be sealed); others, left by an abandoned attempt, are dropped."""
         payload = {"manifest": manifest, "wait_replicas": wait_replicas, "replica_of": replica_of}
+        if blobs is not None:
+            payload["blobs"] = blobs
         return self.request("POST", f"{self._vpath(job, step)}/commit", payload)
 
     def manifest(self, job: str, step: int) -> Any:

@@ -44,6 +44,7 @@ from .replication import Replicator
 from .shm import Arena, host_id
 
 MAX_BOXES = 4096  # boxes in one read request
+MAX_BLOBS_PER_COMMIT = 1 << 20  # names a commit may list
 MAX_CONNECTIONS = 1024
 IDLE_TIMEOUT = 300.0  # seconds a connection may stay silent (also bounds a stalled body)
 PROTOCOL_VERSION = 1
@@ -397,7 +398,12 @@ def _commit(d: Daemon, req: Request) -> dict[str, Any]:
     replica_of = body.get("replica_of")
     if replica_of is not None and not isinstance(replica_of, str):
         raise BadRequestError("replica_of must be a URL")
-    v, new = d.catalog.commit(job, step, body.get("manifest"), replica_of)
+    blobs = body.get("blobs")
+    if blobs is not None:
+        if not isinstance(blobs, list) or len(blobs) > MAX_BLOBS_PER_COMMIT:
+            raise BadRequestError(f"blobs must be a list of at most {MAX_BLOBS_PER_COMMIT} names")
+        blobs = [check_name(n) for n in blobs]
+    v, new = d.catalog.commit(job, step, body.get("manifest"), replica_of, blobs)
     if new:
         with d.catalog.lock:
             for b in v.blobs.values():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,6 +120,12 @@ def load(
     )  # fmt: skip
 
 
+def newest_step(job: str, stores: list[str]) -> int | None:
+    """The step `load` would resume `job` from with these stores, or None when there is no snapshot."""
+    found = _choose(job, None, stores)
+    return found[0] if isinstance(found, tuple) else None
+
+
 def _choose(job: str, step: int | None, urls: list[str]) -> tuple[int, dict] | str:
     """(step, manifest) from any reachable store among `urls`, or why there is none."""
     try:
@@ -128,37 +135,42 @@ def _choose(job: str, step: int | None, urls: list[str]) -> tuple[int, dict] | s
 
 
 def _newest(job: str, step: int | None, urls: list[str]) -> tuple[int, dict] | str:
-    """The newest version committed on every reachable store it was saved to: a controller killed between
-    its per-store commits leaves a version some stores hide, and the one before it is used instead."""
-    where: dict[int, str] = {}
+    """The newest version committed, by one save, on every reachable store it was saved to. A writer that
+    died between its per-store commits leaves a version some stores hide (the one before it is used); a
+    later save of the same step replaces it where it writes, and its save id tells the two apart."""
+    where: dict[int, dict[str | None, str]] = defaultdict(dict)  # step -> save id -> a store holding it
+    ids: dict[str, dict[int, str | None]] = {}
     errors = []
     for u in urls:
         try:
-            steps = client(u).versions(job)
+            ids[u] = client(u).save_ids(job)
         except StoreUnavailable as e:
             errors.append(str(e))
             continue
-        for s in steps:
+        for s, sid in ids[u].items():
             if step is None or s == step:
-                where.setdefault(s, u)
+                where[s].setdefault(sid, u)
     for s in sorted(where, reverse=True):
-        manifest = client(where[s]).manifest(job, s)
-        if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-            return f"version {s} of job {job!r} is not a tenplex snapshot"
-        if all(_committed_or_gone(u, job, s) for u in manifest.get("stores", [])):
-            return s, manifest
+        for sid, u in where[s].items():
+            manifest = client(u).manifest(job, s)
+            if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+                return f"version {s} of job {job!r} is not a tenplex snapshot"
+            if all(_holds(u2, job, s, sid, ids) for u2 in manifest.get("stores", [])):
+                return s, manifest
     what = f"step {step} of " if step is not None else ""
     return f"no committed version of {what}job {job!r} in stores {urls}" + (
         f" ({'; '.join(errors)})" if errors else ""
     )
 
 
-def _committed_or_gone(url: str, job: str, step: int) -> bool:
-    """True when the store has the version committed, or does not answer (a lost host, handled later)."""
+def _holds(url: str, job: str, step: int, save_id: str | None, known: dict) -> bool:
+    """True when the store has that save of the version committed, or does not answer (a lost host,
+    handled later)."""
     try:
-        return step in client(url).versions(job)
+        have = known[url] if url in known else client(url).save_ids(job)
     except StoreUnavailable:
         return True
+    return step in have and have[step] == save_id
 
 
 def _differences(old: PTC, new: PTC, values: dict[str, Any]) -> tuple[list[str], list[str]]:

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..ptc import PTC
 from ..ptc import values as value_codec
+from ..store import NotFoundError, StoreClient
 from . import world
 from .errors import StateError
 from .layout import blob_name, build_ptc, gather, merged_values, writers
@@ -90,11 +93,12 @@ def save(
         except Exception as e:
             raise StateError(str(e)) from None
     shards = {n: local_shard(n, t) for n, t in tensors.items()}
+    own = client(url)
+    _replace_committed(own, job, step)  # before the all-gather, so before any rank of the save writes
     layouts = gather(url, shards, values, group)
     ptc = writers(build_ptc(layouts, merged_values(layouts)))
     me = world.rank(group)
     mine = {s.tensor for s in ptc.shards(me)}
-    own = client(url)
     own.create_version(job, step)
     written = 0
     staged: list[tuple[str, LocalShard]] = []
@@ -112,6 +116,7 @@ def save(
         "format": MANIFEST_FORMAT,
         "job": job,
         "step": step,
+        "save_id": uuid.uuid4().hex,  # tells this save's commits from an abandoned attempt at the same step
         "ptc": ptc.to_json(),
         "stores": sorted(set(ptc.mesh.hosts)),
     }
@@ -123,9 +128,10 @@ def save(
         if me == 0:
             # where each store copies its committed versions, so a load can find them when it dies
             manifest["replicas"] = {u: client(u).health().get("replicas", []) for u in manifest["stores"]}
+            blobs = _blobs_by_store(ptc)
             for url_ in manifest["stores"]:
                 c = client(url_)
-                c.commit(job, step, manifest, wait_replicas=True)
+                c.commit(job, step, manifest, wait_replicas=True, blobs=blobs[url_])
                 if keep is not None:
                     c.retain(job, keep)
         world.barrier(sync_group)
@@ -147,3 +153,21 @@ def save(
     _pending.add(handle)
     handle._thread.start()
     return handle
+
+
+def _replace_committed(own: StoreClient, job: str, step: int) -> None:
+    """A save of a step that is already committed here replaces it: that version is an earlier run's, or
+    one whose commit reached only some stores before its writer died, which no load would use."""
+    if step in own.versions(job):
+        try:
+            own.delete_version(job, step)
+        except NotFoundError:  # another rank on this host deleted it first
+            pass
+
+
+def _blobs_by_store(ptc: PTC) -> dict[str, list[str]]:
+    """The blobs each store must hold for the version: what its ranks write."""
+    out: dict[str, list[str]] = {h: [] for h in ptc.mesh.hosts}
+    for r, host in enumerate(ptc.mesh.hosts):
+        out[host].extend(blob_name(r, s.tensor) for s in ptc.shards(r))
+    return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import sys
 import time
 from pathlib import Path
 
@@ -60,7 +61,7 @@ def _table(path: str | None) -> dict | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..runtime.controller import Controller, RunConfig
+    from ..runtime.controller import Controller, JobFailed, RunConfig
     from ..runtime.report import plot, print_report, summary, write_json
     from ..runtime.schedule import load_schedule
 
@@ -78,12 +79,24 @@ def run(args: argparse.Namespace) -> int:
         quiet=args.quiet,
         script=_script(args.script),
     )
-    Controller(cfg).run()
+    controller = Controller(cfg)
+    try:
+        controller.run()  # an exception or a kill leaves the stores up, so that a rerun resumes
+    except JobFailed as e:
+        print(f"tenplex run: {e}", file=sys.stderr)
+        return 1
+    if args.keep_stores:
+        stores = controller.cluster.stores.items()
+        print("stores left running: " + ", ".join(f"{h} {v['url']}" for h, v in stores))
+    else:
+        controller.cluster.shutdown()
     s = summary(run_dir)
     write_json(run_dir / "summary.json", s)
     png = plot(run_dir, run_dir / "timeline.png")
     print_report(s)
     print(f"timeline: {run_dir / 'timeline.jsonl'}  plot: {png}  summary: {run_dir / 'summary.json'}")
+    if controller.durable:
+        print(f"final state (PyTorch DCP): {controller.durable}")
     return 1 if s["ledger"]["ok"] is False else 0
 
 
@@ -151,6 +164,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--model then only guides the layout chooser",
     )
     p.add_argument("--job", default="tenplex-job")
+    p.add_argument(
+        "--keep-stores",
+        action="store_true",
+        help="leave the emulated hosts' stores running after the job (for tenplex inspect / store ls)",
+    )
     p.add_argument("--run-dir", help="where the timeline, plot and stores' state go (default runs/JOB)")
     _add_job_args(p, steps=50, model="tiny", batch=8)
     p.set_defaults(func=run)

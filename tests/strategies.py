@@ -79,3 +79,11 @@ def ptc_pairs(draw) -> tuple[PTC, PTC]:
     old = draw(ptcs(metas))
     new = draw(ptcs(metas, draw(meshes(devices_pool=list(zip(old.mesh.devices, old.mesh.hosts))))))
     return old, new
+
+
+@st.composite
+def ptc_pairs_with_lost(draw) -> tuple[PTC, PTC, list[str]]:
+    """A pair as above and some old hosts that failed (never all of them)."""
+    old, new = draw(ptc_pairs())
+    hosts = old.mesh.host_names()
+    return old, new, draw(st.lists(st.sampled_from(hosts), max_size=len(hosts) - 1, unique=True))

@@ -3,22 +3,18 @@ import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from plan_checks import check_plan
-from strategies import ptc_pairs
+from strategies import ptc_pairs, ptc_pairs_with_lost
 from tenplex.planner import Route, central_plan, plan
 from tenplex.planner.plan import PlanError
 from tenplex.ptc import PTC, Mesh, Placement, TensorMeta, device_id, gpt_ptc, preset
 
 
-@given(ptc_pairs(), st.data())
+@given(ptc_pairs_with_lost())
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-def test_plan_rebuilds_every_new_shard_bit_for_bit(pair, data):
-    old, new = pair
-    hosts = old.mesh.host_names()
-    lost = data.draw(st.lists(st.sampled_from(hosts), max_size=len(hosts) - 1, unique=True))
-    check_plan(old, new, lost)
+def test_plan_rebuilds_every_new_shard_bit_for_bit(case):
+    check_plan(*case)
 
 
 @given(ptc_pairs())

@@ -26,6 +26,7 @@ from tenplex.runtime.chooser import (
     self_check,
 )
 from tenplex.runtime.schedule import ScheduleError, parse_schedule
+from tenplex.store.process import logged_stores
 from tenplex.train.layout import Layout
 
 # -- schedule ---------------------------------------------------------------------------------------------
@@ -195,12 +196,29 @@ def test_a_rerun_resumes_after_the_controller_is_killed_mid_reconfiguration(tmp_
         assert "resuming job resume-test from its committed step 6" in out
         s = json.loads((run_dir / "summary.json").read_text())
         assert s["ledger"]["ok"] and s["steps"] == 12
+        # the finished run stopped every store it started, the one the killed controller never recorded too
+        assert "final state (PyTorch DCP)" in out
+        urls = [u for log in run_dir.glob("store-*.log") for u in logged_stores(str(log))]
+        deadline = time.time() + 10
+        while any(_answers(u) for u in urls) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not any(_answers(u) for u in urls)
     finally:
         for store in cluster["stores"].values():
             try:
                 os.kill(store["pid"], signal.SIGTERM)
             except ProcessLookupError:
                 pass
+
+
+def _answers(url: str) -> bool:
+    from tenplex.store import StoreClient, StoreError
+
+    try:
+        StoreClient(url, local=False, retries=0, timeout=2).health()
+        return True
+    except StoreError:
+        return False
 
 
 @pytest.mark.dist

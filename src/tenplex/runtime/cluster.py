@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..ptc import TenplexError, device_id
 from ..store import StoreClient, StoreError, start_store
+from ..store.process import logged_stores
 from .schedule import Event
 
 
@@ -61,7 +62,24 @@ class Cluster:
         self.failed_devices, self.failed_hosts = set(data["failed_devices"]), set(data["failed_hosts"])
         self.allocation = data["allocation"]
         self.stores = {h: s for h, s in data["stores"].items() if _alive(s["url"])}
+        self._adopt_unrecorded()
         return True
+
+    def _adopt_unrecorded(self) -> None:
+        """A controller killed while a store started leaves it running but unrecorded: take it back (it
+        may already hold snapshots) instead of starting a second store for that host."""
+        for log in sorted(self.run_dir.glob("store-*.log")):
+            host = log.stem[len("store-") :]
+            if host in self.stores or host in self.failed_hosts:
+                continue
+            for url in reversed(logged_stores(str(log))):
+                try:
+                    pid = StoreClient(url, local=False, retries=0, timeout=2).health()["pid"]
+                except StoreError:
+                    continue
+                self.stores[host] = {"url": url, "pid": pid}
+                break
+        self.save()
 
     def store_url(self, host: str) -> str:
         if host not in self.stores:

@@ -59,6 +59,15 @@ class StoreProcess:
         self.stop()
 
 
+def logged_stores(log: str) -> list[str]:
+    """URLs of the stores that announced themselves in `log`, oldest first."""
+    try:
+        with open(log) as f:
+            return [t[len(READY) :].strip() for t in f if t.startswith(READY)]
+    except OSError:
+        return []
+
+
 def start_store(
     port: int = 0,
     host: str = "127.0.0.1",
@@ -90,9 +99,10 @@ def start_store(
         reader.join(timeout)
     else:
         with open(log, "a") as out:
+            start = out.tell()  # the log may hold earlier stores' lines: read only this one's
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     text=True, start_new_session=True)  # fmt: skip
-        line = _ready_line(log, proc, timeout)
+        line = _ready_line(log, start, proc, timeout)
     if not line or not line[0].startswith(READY):
         proc.kill()
         proc.wait()
@@ -118,10 +128,11 @@ def start_store(
             time.sleep(0.05)
 
 
-def _ready_line(log: str, proc: subprocess.Popen[str], timeout: float) -> list[str]:
+def _ready_line(log: str, start: int, proc: subprocess.Popen[str], timeout: float) -> list[str]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
         with open(log) as f:
+            f.seek(start)
             for text in f:
                 if text.startswith(READY):
                     return [text]

@@ -474,3 +474,18 @@ def test_a_commit_naming_its_blobs_drops_the_leftovers_of_an_abandoned_attempt(s
     assert c.save_ids(job) == {1: "s1"}
     assert c.stats()["memory_used"] == used + 40  # the dead writer's blob is freed
     c.delete_job(job)
+
+
+def test_the_api_describes_itself_as_openapi(store):
+    from tenplex.store.daemon import ROUTES
+
+    doc = store.client().request("GET", "/v1/openapi.json")
+    assert doc["openapi"].startswith("3.1")
+    ops = {(m, p) for p, item in doc["paths"].items() for m in item}
+    assert len(ops) == len(ROUTES)  # every route, generated from the route table itself
+    commit = doc["paths"]["/v1/jobs/{job}/versions/{step}/commit"]["post"]
+    assert [p["name"] for p in commit["parameters"]] == ["job", "step"] and "atomically" in commit["summary"]
+    read = doc["paths"]["/v1/jobs/{job}/versions/{step}/read"]["post"]
+    assert "application/octet-stream" in read["responses"]["200"]["content"]
+    put = doc["paths"]["/v1/jobs/{job}/versions/{step}/blobs/{name}"]["put"]
+    assert "application/octet-stream" in put["requestBody"]["content"]

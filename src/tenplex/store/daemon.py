@@ -313,17 +313,27 @@ def _reject(sock: socket.socket) -> None:
         sock.close()
 
 
-# ---------------------------------------------------------------------- handlers (see docs/store.md)
+# ------------------------------------------------------------------ handlers (the README's store section)
 
 
 @route("GET", r"/v1/health")
 def _health(d: Daemon, req: Request) -> dict[str, Any]:
+    """Liveness, protocol version, this store's URL, pid, host id and replication targets."""
     return {"ok": True, "protocol": PROTOCOL_VERSION, "url": d.url, "pid": os.getpid(), "host_id": host_id(),
             "shm_dir": d.arena.dir, "replicas": list(d.replicator.targets)}  # fmt: skip
 
 
+@route("GET", r"/v1/openapi.json")
+def _openapi(d: Daemon, req: Request) -> dict[str, Any]:
+    """This API as an OpenAPI 3.1 document."""
+    from .openapi import document
+
+    return document(ROUTES, PROTOCOL_VERSION)
+
+
 @route("GET", r"/v1/stats")
 def _stats(d: Daemon, req: Request) -> dict[str, Any]:
+    """Memory, jobs, versions, blobs, datasets, requests, errors, bytes in and out, connections, RSS."""
     c = d.catalog
     with c.lock:
         versions = [v for vs in c.jobs.values() for v in vs.values()]
@@ -339,12 +349,14 @@ def _stats(d: Daemon, req: Request) -> dict[str, Any]:
 
 @route("GET", r"/v1/jobs")
 def _jobs(d: Daemon, req: Request) -> dict[str, Any]:
+    """The jobs this store holds."""
     with d.catalog.lock:
         return {"jobs": sorted(d.catalog.jobs)}
 
 
 @route("GET", r"/v1/jobs/(?P<job>[^/]+)")
 def _job(d: Daemon, req: Request) -> dict[str, Any]:
+    """One job's versions."""
     job = req.job()
     with d.catalog.lock:
         versions = d.catalog.jobs.get(job)
@@ -355,6 +367,7 @@ def _job(d: Daemon, req: Request) -> dict[str, Any]:
 
 @route("DELETE", r"/v1/jobs/(?P<job>[^/]+)")
 def _delete_job(d: Daemon, req: Request) -> dict[str, Any]:
+    """Delete a job with all its versions."""
     job = req.job()
     dropped = d.relay.drop(job, None)
     try:
@@ -367,6 +380,7 @@ def _delete_job(d: Daemon, req: Request) -> dict[str, Any]:
 
 @route("POST", r"/v1/jobs/(?P<job>[^/]+)/retain")
 def _retain(d: Daemon, req: Request) -> dict[str, Any]:
+    """Keep the newest `keep` committed versions of a job, delete the rest."""
     job, body = req.job(), req.json()
     deleted = d.catalog.retain(job, body.get("keep"))
     for s in deleted:
@@ -376,12 +390,14 @@ def _retain(d: Daemon, req: Request) -> dict[str, Any]:
 
 @route("POST", _V)
 def _create(d: Daemon, req: Request) -> dict[str, Any]:
+    """Create an uncommitted version (idempotent)."""
     v = d.catalog.create_version(req.job(), req.step())
     return v.info()
 
 
 @route("DELETE", _V)
 def _delete(d: Daemon, req: Request) -> dict[str, Any]:
+    """Delete a version."""
     job, step = req.job(), req.step()
     dropped = d.relay.drop(job, step)
     try:
@@ -394,6 +410,7 @@ def _delete(d: Daemon, req: Request) -> dict[str, Any]:
 
 @route("POST", _V + r"/commit")
 def _commit(d: Daemon, req: Request) -> dict[str, Any]:
+    """Commit a version with its manifest, atomically (optionally naming the blobs that make it)."""
     job, step, body = req.job(), req.step(), req.json()
     replica_of = body.get("replica_of")
     if replica_of is not None and not isinstance(replica_of, str):
@@ -417,6 +434,7 @@ def _commit(d: Daemon, req: Request) -> dict[str, Any]:
 
 @route("GET", _V + r"/manifest")
 def _manifest(d: Daemon, req: Request) -> dict[str, Any]:
+    """The manifest of a committed version."""
     with d.catalog.lock:
         v = d.catalog.version(req.job(), req.step(), committed=True)
         return {"manifest": v.manifest, "replica_of": v.replica_of}
@@ -424,6 +442,7 @@ def _manifest(d: Daemon, req: Request) -> dict[str, Any]:
 
 @route("GET", _V + r"/blobs")
 def _blobs(d: Daemon, req: Request) -> dict[str, Any]:
+    """The blobs of a committed version: name, dtype, shape, size, copies."""
     with d.catalog.lock:
         v = d.catalog.version(req.job(), req.step(), committed=True)
         return {"blobs": [v.blobs[n].info() for n in sorted(v.blobs)]}
@@ -431,11 +450,13 @@ def _blobs(d: Daemon, req: Request) -> dict[str, Any]:
 
 @route("GET", _V + r"/blobs/(?P<name>[^/]+)")
 def _blob(d: Daemon, req: Request) -> dict[str, Any]:
+    """One blob's metadata."""
     return d.catalog.blob(req.job(), req.step(), req.name()).info()
 
 
 @route("PUT", _V + r"/blobs/(?P<name>[^/]+)")
 def _put(d: Daemon, req: Request) -> dict[str, Any]:
+    """Write a blob: raw C-order bytes, checksummed as they arrive."""
     job, step, name = req.job(), req.step(), req.name()
     try:
         dtype = check_dtype(req.query["dtype"][0])
@@ -451,6 +472,7 @@ def _put(d: Daemon, req: Request) -> dict[str, Any]:
 
 @route("POST", _V + r"/blobs/(?P<name>[^/]+)/allocate")
 def _allocate(d: Daemon, req: Request) -> dict[str, Any]:
+    """Allocate a blob in shared memory for a writer on this host."""
     job, step, name, body = req.job(), req.step(), req.name(), req.json()
     dtype, shape = check_dtype(body.get("dtype")), check_shape(body.get("shape"))
     d.catalog.writable(job, step)
@@ -461,6 +483,7 @@ def _allocate(d: Daemon, req: Request) -> dict[str, Any]:
 
 @route("POST", _V + r"/blobs/(?P<name>[^/]+)/seal")
 def _seal(d: Daemon, req: Request) -> dict[str, Any]:
+    """Declare an allocated blob written; its checksums are taken or given."""
     job, step, name, body = req.job(), req.step(), req.name(), req.json()
     blob = d.catalog.pending_blob(job, step, name)
     digests = body.get("digests")
@@ -491,12 +514,14 @@ def _boxes(d: Daemon, job: str, step: int, body: dict[str, Any]) -> list[tuple[B
 
 @route("POST", _V + r"/read")
 def _read(d: Daemon, req: Request) -> None:
+    """Read many boxes of a version's blobs: a JSON preamble, then the raw bytes of each box."""
     job, step = req.job(), req.step()
     d.send_parts(req, _boxes(d, job, step, req.json()), f"{job}@{step}")
 
 
 @route("POST", _V + r"/locate")
 def _locate(d: Daemon, req: Request) -> dict[str, Any]:
+    """Where a version's blobs live in shared memory, with their checksums (same-host readers)."""
     job, step, body = req.job(), req.step(), req.json()
     names = body.get("names")
     if not isinstance(names, list) or len(names) > MAX_BOXES:
@@ -506,6 +531,7 @@ def _locate(d: Daemon, req: Request) -> dict[str, Any]:
 
 @route("POST", r"/v1/relay")
 def _relay(d: Daemon, req: Request) -> dict[str, Any] | None:
+    """Fetch a box from a remote store once and serve it to this host's ranks."""
     body = req.json()
     blob = d.relay.get(body)
     if body.get("local"):
@@ -516,6 +542,7 @@ def _relay(d: Daemon, req: Request) -> dict[str, Any] | None:
 
 @route("POST", r"/v1/relay/drop")
 def _relay_drop(d: Daemon, req: Request) -> dict[str, Any]:
+    """Free a job's relayed boxes."""
     body = req.json()
     return {"dropped": d.relay.drop(check_job(body.get("job")), check_step(body.get("step")))}
 
@@ -534,6 +561,7 @@ def _peers(d: Daemon, req: Request) -> dict[str, Any]:
 
 @route("GET", r"/v1/datasets")
 def _datasets(d: Daemon, req: Request) -> dict[str, Any]:
+    """The registered datasets."""
     return {"datasets": d.datasets.list()}
 
 
@@ -548,11 +576,13 @@ def _register_dataset(d: Daemon, req: Request) -> dict[str, Any]:
 
 @route("GET", r"/v1/datasets/(?P<job>[^/]+)")
 def _dataset(d: Daemon, req: Request) -> dict[str, Any]:
+    """One dataset's description."""
     return d.datasets.get(req.job()).info()
 
 
 @route("DELETE", r"/v1/datasets/(?P<job>[^/]+)")
 def _drop_dataset(d: Daemon, req: Request) -> dict[str, Any]:
+    """Unregister a dataset."""
     name = req.job()
     d.datasets.drop(name)
     return {"deleted": name}
@@ -560,12 +590,14 @@ def _drop_dataset(d: Daemon, req: Request) -> dict[str, Any]:
 
 @route("POST", r"/v1/datasets/(?P<job>[^/]+)/ids")
 def _dataset_ids(d: Daemon, req: Request) -> dict[str, Any]:
+    """The sample ids a data-parallel rank reads next."""
     ds, body = d.datasets.get(req.job()), req.json()
     return rank_view(ds, body.get("sampler"), body.get("dp"), body.get("rank"), body.get("steps", 1))
 
 
 @route("POST", r"/v1/datasets/(?P<job>[^/]+)/read")
 def _dataset_read(d: Daemon, req: Request) -> None:
+    """Read samples of a dataset: a JSON preamble, then raw token windows."""
     ds, body = d.datasets.get(req.job()), req.json()
     send_samples(d, req, ds, check_ids(ds, body.get("ids")))
 

@@ -148,11 +148,9 @@ class Cluster:
         self.save()
         return alloc
 
-    def fail_ranks(self, ranks: list[int]) -> list[str]:
-        devices = [self.allocation[r] for r in ranks if r < len(self.allocation)]
+    def fail_devices(self, devices: list[str]) -> None:
         self.failed_devices |= set(devices)
         self.save()
-        return devices
 
 
 def _shrink(devices: list[str], n: int, host_of) -> list[str]:

@@ -8,11 +8,12 @@ on one set of devices) is one process group. Everything that happened is in `tim
 from __future__ import annotations
 
 import ctypes
+import importlib
 import json
 import os
 import signal
 import subprocess
-import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,8 +27,10 @@ from .cluster import Cluster
 from .live import LiveView
 from .records import Records, read_records
 from .schedule import Event
+from .standby import Role, StandbyPool
 
 MAX_CRASHES = 3  # phases in a row whose ranks die on their own before the job gives up
+MAX_STANDBY = 16  # pre-imported rank processes kept ready for the next phase
 
 
 class JobFailed(TenplexError):
@@ -56,7 +59,7 @@ class Phase:
     devices: list[str]
     start_step: int
     until: int
-    procs: list[subprocess.Popen] = field(default_factory=list)
+    procs: list[Role] = field(default_factory=list)
     dir: Path = Path()
     launched: float = 0.0
     records: list[dict] = field(default_factory=list)
@@ -66,6 +69,7 @@ class Phase:
     last_step: int = -1  # the newest step the ranks reported (loaded, or trained)
     trained: bool = False  # whether a step was trained in this phase
     crashed: bool = False  # a rank died on its own (not a failure the schedule injected)
+    done: bool = False  # rank 0 reported the final save committed: the next phase may start
 
     def __post_init__(self) -> None:
         self.last_step = max(self.last_step, self.start_step)
@@ -75,6 +79,7 @@ class Phase:
         if r["kind"] in ("step", "loaded", "fresh"):
             self.last_step = max(self.last_step, r["step"])
         self.trained = self.trained or r["kind"] == "step"
+        self.done = self.done or r["kind"] == "done"
 
 
 class Controller:
@@ -88,9 +93,24 @@ class Controller:
         self.durable: str | None = None
         self.forced: Layout | None = None
         self.placed: tuple[Layout, list[str]] | None = None  # the last phase's layout and rank -> device
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        self.pool = StandbyPool(cfg.run_dir / "standby.log", env, _die_with_parent)
+        self.pool_size = min(MAX_STANDBY, max([e.devices or 0 for e in cfg.schedule] + [1]))
+        # the controller's own torch import, off the first reconfiguration's path (joined before any use)
+        self._preload = threading.Thread(target=importlib.import_module, args=("tenplex.transformer",))
+        self._preload.daemon = True
+        self._preload.start()
+        self.exiting: list[tuple[Role, float]] = []  # finished phases' ranks tearing down, since
 
     # -- the loop ------------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
+        try:
+            return self._run()
+        finally:
+            self.pool.close()
+            self._reap(grace=10.0, wait=True)
+
+    def _run(self) -> dict[str, Any]:
         cfg = self.cfg
         first, rest = cfg.schedule[0], cfg.schedule[1:]
         resumed = self.cluster.restore()
@@ -123,10 +143,12 @@ class Controller:
             until = min([cfg.steps] + [e.step for e in by_step if not e.is_failure])
             phase = self._launch(index, layout, step, until)
             self._monitor(phase, by_step, by_time, prev)
-            crashes = crashes + 1 if phase.crashed else 0
+            crashes = crashes + 1 if phase.crashed and not phase.trained else 0  # crashes without progress
             self._give_up_after(crashes, phase)
             if phase.failed_at is not None:
                 survivors = self._handle_failure(phase)
+                if not survivors:
+                    raise JobFailed(f"no devices left after the failure at step {phase.last_step}")
                 step = self._committed_step()
                 lost = phase.last_step - step
                 self.timeline.write("recover", step=step, lost_steps=lost, devices=survivors)
@@ -209,6 +231,7 @@ class Controller:
 
     def _committed_step(self) -> int:
         """The step the next phase resumes from: the newest snapshot complete on the live stores."""
+        self._preload.join()  # importing the same modules from two threads at once can see half of one
         from ..transformer.load import newest_step
 
         return newest_step(self.cfg.job, [s["url"] for s in self.cluster.stores.values()]) or 0
@@ -258,16 +281,13 @@ class Controller:
             f"({', '.join(sorted({Cluster.host_of(d) for d in devices}))}), steps {step}..{until}"
         )
         phase.launched = time.time()
-        command = [sys.executable, *(cfg.script or ["-m", "tenplex.runtime.worker"])]
         for rank, device in enumerate(devices):
-            env = dict(os.environ)
-            env.update(
+            env = dict(
                 RANK=str(rank),
                 WORLD_SIZE=str(len(devices)),
                 LOCAL_RANK=device.rsplit("d", 1)[1],
                 MASTER_ADDR="127.0.0.1",
                 MASTER_PORT=str(port),
-                OMP_NUM_THREADS="1",
                 TENPLEX_STORE=self.cluster.store_url(Cluster.host_of(device)),
                 TENPLEX_DEVICE=device,
                 TENPLEX_EMULATED_HOSTS="1",
@@ -275,18 +295,7 @@ class Controller:
                 TENPLEX_WORKER_SPEC=str(phase.dir / "spec.json"),
                 TENPLEX_JOB=cfg.job,
             )
-            log = open(phase.dir / f"rank{rank}.log", "w")  # noqa: SIM115 - owned by the child
-            phase.procs.append(
-                subprocess.Popen(
-                    command,
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    preexec_fn=_die_with_parent,
-                )
-            )
-            log.close()
+            phase.procs.append(self.pool.start(env, phase.dir / f"rank{rank}.log", cfg.script))
         return phase
 
     def _monitor(self, phase: Phase, by_step: list[Event], by_time: list[Event], prev: Phase | None) -> None:
@@ -305,19 +314,52 @@ class Controller:
             codes = [p.poll() for p in phase.procs]
             if all(c is not None for c in codes):
                 break
+            if phase.done and phase.failed_at is None and self.cfg.script and self._overlap_exit():
+                # the state is committed: the next phase starts while these ranks tear down
+                self.exiting += [(p, time.time()) for p in phase.procs if p.poll() is None]
+                break
             if phase.failed_at is None and any(c not in (None, 0) for c in codes):
-                phase.failed_at = time.time()  # a rank died on its own: the rest cannot go on
-                phase.killed = [i for i, c in enumerate(codes) if c not in (None, 0)]
-                phase.crashed = True
-                self.timeline.write("crash", phase=phase.index, ranks=phase.killed, step=phase.last_step)
+                self._crashed(phase)  # a rank died on its own: the rest cannot go on
             if phase.failed_at is not None and time.time() - phase.failed_at > 2:
                 for p in phase.procs:
                     if p.poll() is None:
                         p.kill()
             time.sleep(0.05)
         self._take_records(phase, prev)  # what the ranks wrote just before exiting
-        if phase.failed_at is None and any(p.returncode != 0 for p in phase.procs):
-            phase.failed_at = time.time()
+        if phase.failed_at is None and any(p.poll() not in (None, 0) for p in phase.procs):
+            self._crashed(phase)  # every rank ended before a poll saw one of them die
+        for role in phase.procs:
+            self.pool.release(role)  # ranks that ended well take ranks of the next phase
+        self._reap()
+
+    def _crashed(self, phase: Phase) -> None:
+        phase.failed_at = time.time()
+        phase.killed = [i for i, p in enumerate(phase.procs) if p.poll() not in (None, 0)]
+        phase.crashed = True
+        self.timeline.write("crash", phase=phase.index, ranks=phase.killed, step=phase.last_step)
+
+    def _overlap_exit(self) -> bool:
+        """Whether a phase may start before the last one's script processes are gone (the reference worker's
+        return to the pool instead): not on GPUs, whose memory the old processes hold until they exit."""
+        if self.cfg.train.device != "auto":
+            return self.cfg.train.device == "cpu"
+        import torch
+
+        return not torch.cuda.is_available()
+
+    def _reap(self, grace: float = 10.0, wait: bool = False) -> None:
+        """Forget exited ranks of earlier phases; kill those still tearing down after `grace` seconds."""
+        for p, since in self.exiting:
+            left = since + grace - time.time()
+            if wait and left > 0:
+                try:
+                    p.wait(left)
+                except subprocess.TimeoutExpired:
+                    pass
+            if p.poll() is None and time.time() > since + grace:
+                p.kill()
+                p.wait()
+        self.exiting = [(p, since) for p, since in self.exiting if p.poll() is None]
 
     def _take_records(self, phase: Phase, prev: Phase | None) -> None:
         """New worker records: into the phase, the timeline and the live view."""
@@ -334,6 +376,8 @@ class Controller:
             self.live.record(r, phase.layout)
             if r["kind"] == "ready":
                 self._report_reconfig(prev, phase)
+                # the next phase's extra ranks import while this one trains; this one's are reused
+                self.pool.fill(self.pool_size - len(phase.procs))
 
     def _fail(self, phase: Phase, e: Event) -> None:
         ranks = [r for r in e.fail if r < len(phase.procs)]
@@ -362,10 +406,14 @@ class Controller:
         )
 
     def _handle_failure(self, phase: Phase) -> list[str]:
-        self.cluster.fail_ranks(phase.killed)
+        """The devices to go on with: an injected failure takes its devices away; a crash (a rank's own
+        error) leaves them, and the ranks restart from the newest snapshot."""
+        if not phase.crashed:
+            self.cluster.fail_devices([phase.devices[r] for r in phase.killed])
         return self.cluster.apply(Event(step=phase.last_step))
 
     def _persist(self, step: int) -> None:
+        self._preload.join()
         import tenplex
 
         from ..store import StoreError

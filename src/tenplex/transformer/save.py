@@ -54,6 +54,12 @@ _background: dict[Any, Any] = {}  # process group -> its gloo twin for backgroun
 _pending: set[SaveHandle] = set()  # asynchronous saves whose commit has not finished
 
 
+def forget_groups() -> None:
+    """Drop what this process keeps per process group: a process that runs a rank of another layout next
+    has a new default group, and the old groups' gloo twins belong to a world that is gone."""
+    _background.clear()
+
+
 def wait_for_pending(timeout: float) -> bool:
     """Let the commits of asynchronous saves finish (up to `timeout` s in all), e.g. before exiting on
     SIGTERM, so that no version ends up committed on some stores and not on others. True if none is left."""
@@ -130,10 +136,10 @@ def save(
             manifest["replicas"] = {u: client(u).health().get("replicas", []) for u in manifest["stores"]}
             blobs = _blobs_by_store(ptc)
             for url_ in manifest["stores"]:
-                c = client(url_)
-                c.commit(job, step, manifest, wait_replicas=True, blobs=blobs[url_])
-                if keep is not None:
-                    c.retain(job, keep)
+                client(url_).commit(job, step, manifest, wait_replicas=True, blobs=blobs[url_])
+            if keep is not None:  # only once committed everywhere: a crash in between must leave a version
+                for url_ in manifest["stores"]:  # that is complete on every store
+                    client(url_).retain(job, keep)
         world.barrier(sync_group)
 
     handle = SaveHandle(job, step, written, local_seconds)

@@ -1,0 +1,46 @@
+"""Standby rank processes: a role runs in a pre-imported process with its own environment and output."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from tenplex.runtime.standby import StandbyPool
+
+SCRIPT = """
+import os, sys
+print("role", os.environ["ROLE"], "torch imported before:", "torch" in sys.modules, sys.argv[1:])
+sys.exit(int(os.environ["CODE"]))
+"""
+
+
+def test_a_script_role_runs_pre_imported_with_its_env_args_and_exit_code(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text(SCRIPT)
+    pool = StandbyPool(tmp_path / "standby.log", dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        pool.fill(2)
+        first = pool.idle[0].pid
+        role = pool.start({"ROLE": "a", "CODE": "3"}, tmp_path / "a.log", [str(script), "--x", "1"])
+        assert role.proc.pid == first and len(pool.idle) == 1  # an idle one took it
+        assert role.wait(120) == 3
+        assert (tmp_path / "a.log").read_text().strip() == "role a torch imported before: True ['--x', '1']"
+        pool.release(role)  # a script's process is never reused
+        assert [p.pid for p in pool.idle] != [first]
+        b = pool.start({"ROLE": "b", "CODE": "0"}, tmp_path / "b.log", [str(script)])
+        assert b.wait(120) == 0 and "role b" in (tmp_path / "b.log").read_text()
+        assert "ROLE" not in os.environ  # nothing leaks into the controller
+    finally:
+        pool.close()
+    assert pool.idle == []
+
+
+def test_closing_the_pool_stops_idle_processes(tmp_path):
+    pool = StandbyPool(tmp_path / "standby.log", dict(os.environ))
+    pool.fill(2)
+    procs = list(pool.idle)
+    pool.close()
+    deadline = time.time() + 10
+    while any(p.poll() is None for p in procs) and time.time() < deadline:
+        time.sleep(0.1)
+    assert all(p.poll() is not None for p in procs)

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from plan_checks import check_plan
 from strategies import ptc_pairs_with_lost, ptcs
 from tenplex.planner import assign, plan
+from tenplex.planner.assign import _split_groups
 from tenplex.planner.transport import transport
 from tenplex.ptc import PTC, Mesh, device_id, gpt_ptc, preset
 
@@ -64,6 +65,7 @@ def test_assignment_is_a_permutation_never_worse_and_still_exact(case):
     assert sorted(zip(matched.mesh.devices, matched.mesh.hosts)) == sorted(
         zip(new.mesh.devices, new.mesh.hosts)
     )
+    assert _split_groups(matched.mesh) <= _split_groups(new.mesh)  # no more groups split over hosts
     p = check_plan(old, matched, lost)  # the plan into the matched layout is exact, element by element
     assert p.stats.cross_host <= plan(old, new, lost).stats.cross_host
     assert assign(old, new, lost) == matched  # deterministic

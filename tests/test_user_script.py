@@ -96,3 +96,22 @@ def test_run_rejects_a_missing_script(tmp_path):
         env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
     )
     assert r.returncode == 2 and "no such file 'nope.py'" in r.stderr
+
+
+@pytest.mark.dist
+def test_a_script_that_keeps_crashing_stops_the_run_instead_of_looping(tmp_path):
+    script = tmp_path / "crash.py"
+    script.write_text("import sys\nsys.exit(3)\n")
+    sched = tmp_path / "s.json"
+    sched.write_text(json.dumps([{"step": 0, "devices": 2}]))
+    run_dir = tmp_path / "run"
+    r = subprocess.run(
+        [sys.executable, "-m", "tenplex.cli.main", "run", "--script", str(script), "--schedule", str(sched),
+         "--steps", "4", "--run-dir", str(run_dir), "--quiet"],
+        capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
+    )  # fmt: skip
+    assert r.returncode == 1 and "ranks crashed in 3 phases in a row" in r.stderr, r.stderr[-2000:]
+    recs = timeline(run_dir)
+    assert sum(x["kind"] == "launch" for x in recs) == 3 and sum(x["kind"] == "crash" for x in recs) == 3
+    cluster = json.loads((run_dir / "cluster.json").read_text())
+    assert cluster["failed_devices"] == [] and len(cluster["allocation"]) == 2  # a crash is not a lost device

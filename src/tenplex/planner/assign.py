@@ -4,8 +4,9 @@ A layout fixes what every rank holds, not where the rank runs. Numbering the dev
 old layout: growing dp from 1 to 2 under pp 2 can put half of stage 1 on the hosts that hold stage 0 and
 send both stages across the network. Matching ranks to hosts by the bytes those hosts already hold, and
 then to devices by the bytes each device already holds, keeps them local. Blocks of consecutive ranks (a
-tensor-parallel group when tp is the innermost axis) stay on one host, as the default numbering keeps them,
-so fast intra-host links serve the same groups as before.
+tensor-parallel group when tp is the innermost axis) stay on one host when every host fits whole ones; and a
+matching that splits more of them over hosts than the numbering does is never used, so fast intra-host links
+serve the same groups as before.
 """
 
 from __future__ import annotations
@@ -37,8 +38,16 @@ def assign(old: PTC, new: PTC, lost: Iterable[str] = ()) -> PTC:
     if mesh == new.mesh:
         return new
     candidate = PTC(mesh, new.tensors, new.placements, new.values)
+    if _split_groups(mesh) > _split_groups(new.mesh):  # a group split over hosts slows every step
+        return new
     before, after = plan(old, new, lost).stats, plan(old, candidate, lost).stats
     return candidate if (after.cross_host, -after.kept) < (before.cross_host, -before.kept) else new
+
+
+def _split_groups(mesh: Mesh) -> int:
+    """Groups of the innermost axis (tensor parallelism, by convention) whose ranks span several hosts."""
+    inner = mesh.axes[-1][1]
+    return sum(len(set(mesh.hosts[g : g + inner])) > 1 for g in range(0, mesh.size, inner))
 
 
 def _affinity(

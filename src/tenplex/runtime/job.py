@@ -69,6 +69,8 @@ class ElasticJob:
         self.durable = spec.get("durable", durable)
         self.layout: dict[str, int] | None = spec.get("layout")  # the runtime chose it; scripts may ignore it
         self.keep = keep
+        if device != "cpu" and torch.cuda.is_available() and not dist.is_initialized():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
         init_distributed(device)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.out = spec.get("out", out)
@@ -103,7 +105,9 @@ class ElasticJob:
         except NoSnapshotError:
             self.record("fresh", step=0, layout=self._layout_name())
             return 0
-        self.saved, self._load_seconds, self.resumed = info.step, info.seconds, True
+        self._load_seconds, self.resumed = info.seconds, True
+        if info.source == "memory":  # loaded from a DCP checkpoint, the stores do not hold this step yet
+            self.saved = info.step
         moved = _sum_over_ranks(info.bytes)
         self.record(
             "loaded",
@@ -180,15 +184,20 @@ def _state(state: State) -> dict[str, Any]:
     return state() if callable(state) else state
 
 
+def _on_backend(t: torch.Tensor) -> torch.Tensor:
+    """Control values go where the default group's backend can reduce them (NCCL: this rank's GPU)."""
+    return t.cuda() if dist.get_backend() == "nccl" else t
+
+
 def _sum_over_ranks(values: dict[str, float]) -> dict[str, float]:
     keys = sorted(values)
-    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+    t = _on_backend(torch.tensor([float(values[k]) for k in keys], dtype=torch.float64))
     dist.all_reduce(t)
     return dict(zip(keys, t.tolist()))
 
 
 def _stop_requested(path: str | None) -> bool:
     """Rank 0 looks for the stop file; all ranks agree through one all-reduce, so they stop together."""
-    flag = torch.tensor([1.0 if path and dist.get_rank() == 0 and os.path.exists(path) else 0.0])
+    flag = _on_backend(torch.tensor([1.0 if path and dist.get_rank() == 0 and os.path.exists(path) else 0.0]))
     dist.all_reduce(flag)
     return bool(flag.item())

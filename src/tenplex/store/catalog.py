@@ -172,8 +172,9 @@ class Catalog:
     ) -> tuple[Version, bool]:
         """Make a version visible; (version, True) when this call committed it, False if it already was.
 
-        With `blobs`, exactly those blobs make the version: each must be there and sealed, and any other
-        blob (left by a writer of an earlier, abandoned attempt at this version) is dropped.
+        With `blobs`, those blobs make the version: each must be there and sealed; unsealed others (left by
+        a writer of an abandoned attempt at this version) are dropped, sealed others (e.g. a peer's
+        replicas) are kept.
         """
         with self.lock:
             v = self.version(job, step)
@@ -188,7 +189,7 @@ class Catalog:
                 raise ConflictError(
                     f"cannot commit version {step} of {job!r}: blobs not sealed: {unsealed[:5]}"
                 )
-            stale = [v.blobs.pop(n) for n in set(v.blobs) - set(wanted)]
+            stale = [v.blobs.pop(n) for n in set(v.blobs) - set(wanted) if not v.blobs[n].sealed]
             v.manifest, v.replica_of, v.committed = manifest, replica_of, True
         for b in stale:
             self.drop(b)

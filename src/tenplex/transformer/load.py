@@ -77,14 +77,14 @@ def load(
         sources = [s for s in os.environ.get("TENPLEX_SOURCES", "").split(",") if s]
     urls = sorted({lay.store for lay in layouts} | {resolve(s) for s in sources}, key=lambda u: u != url)
     chosen = world.broadcast(_choose(job, step, urls) if world.rank(group) == 0 else None, group)
-    if isinstance(chosen, str):
+    if isinstance(chosen, str | StateError):  # no snapshot in memory, or the stores cannot say which
         if path is not None:
             from .durable import load_durable
 
             return load_durable(
-                state_dict, path, strict=strict, started=started, reason=chosen, process_group=group
+                state_dict, path, strict=strict, started=started, reason=str(chosen), process_group=group
             )
-        raise NoSnapshotError(chosen)
+        raise chosen if isinstance(chosen, StateError) else NoSnapshotError(chosen)
     step, manifest = chosen
     old = PTC.from_json(manifest["ptc"])
     common = _check_keys(old, new, wanted, strict)
@@ -121,17 +121,20 @@ def load(
 
 
 def newest_step(job: str, stores: list[str]) -> int | None:
-    """The step `load` would resume `job` from with these stores, or None when there is no snapshot."""
+    """The step `load` would resume `job` from with these stores, or None when there is no snapshot (or
+    the stores cannot tell)."""
     found = _choose(job, None, stores)
     return found[0] if isinstance(found, tuple) else None
 
 
-def _choose(job: str, step: int | None, urls: list[str]) -> tuple[int, dict] | str:
-    """(step, manifest) from any reachable store among `urls`, or why there is none."""
+def _choose(job: str, step: int | None, urls: list[str]) -> tuple[int, dict] | str | StateError:
+    """(step, manifest) from any reachable store among `urls`, or why there is none: a reason (no
+    snapshot), or an error (the stores misbehave: a job must not silently start over then). Returned, not
+    raised, because one rank chooses for all."""
     try:
         return _newest(job, step, urls)
     except StoreError as e:
-        return f"job {job!r}: cannot read a snapshot from the stores ({e})"
+        return StateError(f"job {job!r}: cannot read the snapshots in the stores ({e})")
 
 
 def _newest(job: str, step: int | None, urls: list[str]) -> tuple[int, dict] | str:

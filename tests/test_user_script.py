@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -114,4 +115,7 @@ def test_a_script_that_keeps_crashing_stops_the_run_instead_of_looping(tmp_path)
     recs = timeline(run_dir)
     assert sum(x["kind"] == "launch" for x in recs) == 3 and sum(x["kind"] == "crash" for x in recs) == 3
     cluster = json.loads((run_dir / "cluster.json").read_text())
+    for store in cluster["stores"].values():  # left running for a rerun, as the message says
+        os.kill(store["pid"], signal.SIGTERM)
+    assert "kill " in r.stderr
     assert cluster["failed_devices"] == [] and len(cluster["allocation"]) == 2  # a crash is not a lost device

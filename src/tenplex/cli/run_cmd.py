@@ -83,7 +83,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         controller.run()  # an exception or a kill leaves the stores up, so that a rerun resumes
     except JobFailed as e:
-        print(f"tenplex run: {e}", file=sys.stderr)
+        pids = " ".join(str(v["pid"]) for v in controller.cluster.stores.values())
+        print(f"tenplex run: {e}\nthe stores keep the snapshots for a rerun with the same --run-dir "
+              f"(or stop them: kill {pids})", file=sys.stderr)  # fmt: skip
         return 1
     if args.keep_stores:
         stores = controller.cluster.stores.items()

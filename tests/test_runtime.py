@@ -198,7 +198,7 @@ def test_a_rerun_resumes_after_the_controller_is_killed_mid_reconfiguration(tmp_
         assert s["ledger"]["ok"] and s["steps"] == 12
         # the finished run stopped every store it started, the one the killed controller never recorded too
         assert "final state (PyTorch DCP)" in out
-        urls = [u for log in run_dir.glob("store-*.log") for u in logged_stores(str(log))]
+        urls = [u for log in run_dir.glob("store-*.log") for u, _ in logged_stores(str(log))]
         deadline = time.time() + 10
         while any(_answers(u) for u in urls) and time.time() < deadline:
             time.sleep(0.2)

@@ -489,3 +489,12 @@ def test_the_api_describes_itself_as_openapi(store):
     assert "application/octet-stream" in read["responses"]["200"]["content"]
     put = doc["paths"]["/v1/jobs/{job}/versions/{step}/blobs/{name}"]["put"]
     assert "application/octet-stream" in put["requestBody"]["content"]
+
+
+def test_a_stores_ready_line_is_found_after_half_a_line_left_by_a_killed_one():
+    from tenplex.store.process import announced
+
+    assert announced("tenplex store listening on http://127.0.0.1:7 (pid 42)\n") == ("http://127.0.0.1:7", 42)
+    assert announced("Traceback (most rectenplex store listening on http://h:8 (pid 9)") == ("http://h:8", 9)
+    assert announced("tenplex store listening on http://h:8\n") == ("http://h:8", None)
+    assert announced("some other line\n") is None and announced("tenplex store listening on ") is None

@@ -72,13 +72,14 @@ class Cluster:
             host = log.stem[len("store-") :]
             if host in self.stores or host in self.failed_hosts:
                 continue
-            for url in reversed(logged_stores(str(log))):
+            for url, logged in reversed(logged_stores(str(log))):
                 try:
                     pid = StoreClient(url, local=False, retries=0, timeout=2).health()["pid"]
                 except StoreError:
                     continue
-                self.stores[host] = {"url": url, "pid": pid}
-                break
+                if pid == logged:  # not another store that took the port since
+                    self.stores[host] = {"url": url, "pid": pid}
+                    break
         self.save()
 
     def store_url(self, host: str) -> str:

@@ -708,7 +708,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     try:
-        print(f"tenplex store listening on {d.url}", flush=True)
+        print(f"tenplex store listening on {d.url} (pid {os.getpid()})", flush=True)
         d.serve_forever()
     except _Shutdown:
         pass

@@ -59,11 +59,24 @@ class StoreProcess:
         self.stop()
 
 
-def logged_stores(log: str) -> list[str]:
-    """URLs of the stores that announced themselves in `log`, oldest first."""
+def announced(text: str) -> tuple[str, int | None] | None:
+    """(URL, pid) from a store's ready line, wherever in the line it is (a store killed mid-write may
+    have left half a line before it); None for other lines."""
+    at = text.find(READY)
+    if at < 0:
+        return None
+    words = text[at + len(READY) :].split()
+    if not words:
+        return None
+    pid = words[2].rstrip(")") if len(words) > 2 and words[1] == "(pid" else ""
+    return words[0], int(pid) if pid.isdigit() else None
+
+
+def logged_stores(log: str) -> list[tuple[str, int | None]]:
+    """(URL, pid) of the stores that announced themselves in `log`, oldest first."""
     try:
         with open(log) as f:
-            return [t[len(READY) :].strip() for t in f if t.startswith(READY)]
+            return [a for a in map(announced, f) if a is not None]
     except OSError:
         return []
 
@@ -103,13 +116,14 @@ def start_store(
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     text=True, start_new_session=True)  # fmt: skip
         line = _ready_line(log, start, proc, timeout)
-    if not line or not line[0].startswith(READY):
+    ready = announced(line[0]) if line else None
+    if ready is None:
         proc.kill()
         proc.wait()
         raise StoreUnavailable(
             f"store did not start (exit {proc.returncode}): {line[0] if line else 'timeout'}"
         )
-    url = line[0][len(READY) :].strip()
+    url = ready[0]
     url = url if host in ("127.0.0.1", "localhost", "::1") else f"http://127.0.0.1:{url.rsplit(':', 1)[1]}"
     token = None
     if token_file:
@@ -134,7 +148,7 @@ def _ready_line(log: str, start: int, proc: subprocess.Popen[str], timeout: floa
         with open(log) as f:
             f.seek(start)
             for text in f:
-                if text.startswith(READY):
+                if announced(text) is not None:
                     return [text]
         time.sleep(0.05)
     return []

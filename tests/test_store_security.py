@@ -227,3 +227,36 @@ def test_replication_and_reading_from_a_replica_after_the_primary_dies():
     finally:
         for s in stores:
             s.stop()
+
+
+def test_replication_in_a_ring_whose_stores_are_primaries_of_the_same_save():
+    """Two hosts, each the other's replica, each holding its ranks' blobs of one save: each ends with both
+    hosts' blobs, committed once as a primary, and a lost host's blobs are found on the other."""
+    stores = [start_store(memory_limit="64MiB") for _ in range(2)]
+    try:
+        urls = [s.url for s in stores]
+        for s in stores:
+            s.client().set_peers(urls, replicas=1)
+        a, b = (np.full((64, 8), i, np.float32) for i in (1, 2))
+        ca, cb = stores[0].client(local=True), stores[1].client(local=True)
+        ca.write_blob("ring", 5, "r0/w", a)
+        cb.write_blob("ring", 5, "r1/w", b)
+        cb.allocate_blob("ring", 5, "r9/dead", "float32", (4,))  # a dead writer's leftover on B
+        manifest = {"save_id": "s", "stores": urls}
+        ca.commit("ring", 5, manifest, wait_replicas=True, blobs=["r0/w"])  # A's copy reaches B first
+        assert cb.versions("ring") == []  # ... and does not make B's version visible before B commits
+        cb.commit("ring", 5, manifest, wait_replicas=True, blobs=["r1/w"])
+        for c, me, other in ((ca, urls[0], urls[1]), (cb, urls[1], urls[0])):
+            info = c.version_info("ring")[0]
+            assert info["committed"] and info["replica_of"] is None and info["replication"] == "done"
+            copies = {x["name"]: x["copies"] for x in c.blobs("ring", 5)}
+            assert set(copies) == {"r0/w", "r1/w"}  # the leftover is gone, the peer's copy stayed
+            mine = "r0/w" if me == urls[0] else "r1/w"
+            assert copies[mine] == [me, other]
+        stores[0].kill()
+        out = np.empty((64, 8), np.float32)
+        stores[1].client(local=False).read_box("ring", 5, "r0/w", Box.full((64, 8)), out)
+        np.testing.assert_array_equal(out, a)
+    finally:
+        for s in stores:
+            s.stop()

@@ -31,6 +31,7 @@ class Blob:
     sealed: bool = False
     digests: list[int] = field(default_factory=list)
     copies: list[str] = field(default_factory=list)
+    origin: str | None = None  # for a replica: the store whose blob this copies
 
     @property
     def itemsize(self) -> int:
@@ -148,14 +149,19 @@ class Catalog:
         return v
 
     def put(self, job: str, step: int, blob: Blob) -> None:
-        """Insert (or replace) a blob of an uncommitted version; drops the blob if that is impossible."""
+        """Insert (or replace) a blob of an uncommitted version; drops the blob if that is impossible.
+
+        A replica (`blob.origin` set) may also join a committed version it is missing from: this store can
+        be a primary of the same save, committed before its peer's copies arrive.
+        """
         with self.lock:
-            try:
-                v = self.writable(job, step)
-            except ConflictError:
-                self.drop(blob)
-                raise
+            v = self.create_version(job, step)
             old = v.blobs.get(blob.name)
+            if v.committed and (blob.origin is None or old is not None):
+                self.drop(blob)
+                if blob.origin is not None:
+                    return  # that copy is here already
+                raise ConflictError(f"version {step} of job {job!r} is committed and cannot change")
             v.blobs[blob.name] = blob
         if old is not None:
             self.drop(old)
@@ -178,7 +184,9 @@ class Catalog:
         """
         with self.lock:
             v = self.version(job, step)
-            if v.committed:
+            if replica_of is not None and (v.committed or any(b.origin is None for b in v.blobs.values())):
+                return v, False  # a copy of a peer's save where this store writes that save itself
+            if v.committed and not (replica_of is None and v.replica_of is not None):
                 return v, False
             wanted = v.blobs.keys() if blobs is None else blobs
             missing = [n for n in wanted if n not in v.blobs]

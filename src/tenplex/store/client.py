@@ -289,10 +289,14 @@ class StoreClient:
         shape: Sequence[int],
         pieces: Sequence[memoryview],
         digests: list[int],
+        replica_of: str | None = None,
     ) -> None:
-        """Network write of raw C-order bytes in CHUNK-sized pieces; the daemon must hash them as we did."""
+        """Network write of raw C-order bytes in CHUNK-sized pieces; the daemon must hash them as we did.
+        `replica_of`: the store this blob is a copy of (replication)."""
         shape_q = ",".join(str(s) for s in shape)
         path = f"{self._bpath(job, step, name)}?dtype={check_dtype(dtype)}&shape={shape_q}"
+        if replica_of is not None:
+            path += f"&replica_of={quote(replica_of, safe='')}"
         theirs = self.request("PUT", path, body=pieces)["digests"]
         if theirs != digests:
             raise ChecksumError(f"blob {name!r} arrived at {self.url} with different bytes than were sent")

@@ -424,7 +424,8 @@ def _commit(d: Daemon, req: Request) -> dict[str, Any]:
     if new:
         with d.catalog.lock:
             for b in v.blobs.values():
-                b.copies = [replica_of, d.url] if replica_of else [d.url]
+                if b.origin is None:  # a replica's copies were set when it arrived
+                    b.copies = [d.url]
     if new and replica_of is None:
         d.replicator.start(job, step, v)
     if body.get("wait_replicas"):
@@ -464,8 +465,12 @@ def _put(d: Daemon, req: Request) -> dict[str, Any]:
         shape = check_shape(tuple(int(x) for x in raw.split(",")) if raw else ())
     except (KeyError, ValueError):
         raise BadRequestError("PUT needs ?dtype=NAME&shape=D0,D1,... (empty shape for a scalar)") from None
-    d.catalog.writable(job, step)
+    origin = req.query.get("replica_of", [None])[0]  # a peer's copy (replication)
+    if origin is None:
+        d.catalog.writable(job, step)
     blob = d.receive_blob(req, name, dtype, shape)
+    if origin is not None:
+        blob.origin, blob.copies = origin, [origin, d.url]
     d.catalog.put(job, step, blob)
     return {"name": name, "nbytes": blob.nbytes, "digests": blob.digests}
 

@@ -63,15 +63,17 @@ class Replicator:
                 c = StoreClient(peer, token=self.d.token, local=False)
                 try:
                     c.create_version(job, step)
-                    for name, blob in list(v.blobs.items()):
-                        data = memoryview(blob.mem)
-                        chunks = [data[i : i + CHUNK] for i in range(0, blob.nbytes, CHUNK)]
-                        c.put_raw(job, step, name, blob.dtype, blob.shape, chunks, blob.digests)
+                    own = [b for b in list(v.blobs.values()) if b.origin is None]  # not copies of a peer's
+                    me = self.d.url
+                    for b in own:
+                        data = memoryview(b.mem)
+                        chunks = [data[i : i + CHUNK] for i in range(0, b.nbytes, CHUNK)]
+                        c.put_raw(job, step, b.name, b.dtype, b.shape, chunks, b.digests, replica_of=me)
                     c.commit(job, step, v.manifest, replica_of=self.d.url)
                 finally:
                     c.close()
                 with self.d.catalog.lock:
-                    for blob in v.blobs.values():
+                    for blob in own:
                         blob.copies.append(peer)
             v.replication = "done"
         except (StoreError, OSError, ValueError) as e:

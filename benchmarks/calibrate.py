@@ -24,9 +24,7 @@ def main(paths: list[str]) -> None:
 
     rows = calibration_rows(doc)
     for c in self_check(CostModel.fit(rows, doc["cores"]), rows):
-        print(
-            f"{c['model']:>8} on {c['devices']} devices: picks {c['pick']}, {c['ratio']:.2f}x the best"
-        )
+        print(f"{c['model']:>8} on {c['devices']} devices: picks {c['pick']}, {c['ratio']:.2f}x the best")
 
 
 if __name__ == "__main__":

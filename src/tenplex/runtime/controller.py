@@ -135,6 +135,7 @@ class Controller:
             )
         if not self.cluster.allocation:
             self._apply(first, step)
+        self.pool.fill(self.pool_size)  # every rank the schedule will need imports from the start
         index, prev, crashes = 0, None, 0
         while step < cfg.steps:
             while by_step and by_step[0].step <= step and not by_step[0].is_failure:
@@ -376,8 +377,9 @@ class Controller:
             self.live.record(r, phase.layout)
             if r["kind"] == "ready":
                 self._report_reconfig(prev, phase)
-                # the next phase's extra ranks import while this one trains; this one's are reused
-                self.pool.fill(self.pool_size - len(phase.procs))
+                # spares import while this one trains: for a larger next layout, and for a failure, after
+                # which the surviving ranks' processes end too (their collectives broke)
+                self.pool.fill(self.pool_size)
 
     def _fail(self, phase: Phase, e: Event) -> None:
         ranks = [r for r in e.fail if r < len(phase.procs)]

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tenplex.ptc import PRESETS, preset
+from tenplex.ptc import PRESETS, PTCError, preset
 from tenplex.runtime.chooser import (
     ChooserError,
     calibration,
@@ -86,10 +86,13 @@ def test_chooser_never_proposes_an_invalid_layout(model, devices, global_batch):
         assert cfg.heads % lay.tp == 0 and cfg.layers % lay.pp == 0 and global_batch % lay.dp == 0
     try:
         best = choose(model, devices, global_batch)
-    except ChooserError:
-        assert not candidates(cfg, devices, global_batch)
+    except ChooserError:  # no candidate the reference workload runs
+        for lay in candidates(cfg, devices, global_batch):
+            with pytest.raises(PTCError):
+                lay.check(cfg, devices)
         return
     assert best in candidates(cfg, devices, global_batch)
+    best.check(cfg, devices)  # and one the reference workload runs (tied embeddings: tp = pp = 1)
 
 
 def test_chooser_respects_device_memory():

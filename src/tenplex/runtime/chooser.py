@@ -256,9 +256,19 @@ def choose(
             chosen.check(preset(model), devices)
             return chosen
     ranked = rank_layouts(model, devices, global_batch, micro_batch, device_memory)
-    if not ranked:
+    # the architecture allows more than the reference workload runs (tied embeddings: tp = pp = 1)
+    runnable = [e.layout for e in ranked if _runs(e.layout, preset(model), devices)]
+    if not runnable:
         raise ChooserError(
             f"no layout of {model} fits {devices} devices with global batch {global_batch}"
             + (f" and {device_memory} bytes per device" if device_memory else "")
         )
-    return ranked[0].layout
+    return runnable[0]
+
+
+def _runs(layout: Layout, cfg: GPTConfig, devices: int) -> bool:
+    try:
+        layout.check(cfg, devices)
+        return True
+    except PTCError:
+        return False

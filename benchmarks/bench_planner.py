@@ -15,7 +15,7 @@ import argparse
 import time
 
 from common import print_rows, write_results
-from tenplex.planner import assign, central_plan, plan
+from tenplex.planner import assign_plan, central_plan, plan
 from tenplex.ptc import PTC, gpt_ptc, preset
 
 # (preset, tp, pp) per model: tp within a host, pp as in Megatron-LM's usual recipes
@@ -61,7 +61,7 @@ def main() -> None:
                 shards = sum(len(pc.holders) for n in new.tensors for pc in new.pieces(n))
                 base = all_pairs_seconds(old, new) if 2 * devices <= args.baseline_max else None
                 t = time.perf_counter()
-                matched = plan(old, assign(old, new)).stats.cross_host
+                matched = assign_plan(old, new)[0].stats.cross_host  # plans numbering order too, to compare
                 assign_seconds = time.perf_counter() - t
                 rows.append(
                     {

@@ -6,7 +6,7 @@ import argparse
 import json
 import time
 
-from ..planner import Bandwidth, Plan, assign, central_plan, plan
+from ..planner import Bandwidth, Plan, assign_plan, central_plan, plan
 from ..ptc import GPTConfig, Mesh, PTCError, device_id, gpt_ptc, preset
 from .format import human_bytes, print_table
 
@@ -66,11 +66,12 @@ def build_plans(args: argparse.Namespace) -> tuple[Plan, Plan, Plan]:
         raise PTCError(f"--to {args.target} needs {n} devices, but --devices is {args.devices}")
     devices = allocate_devices(old.mesh, n, dph, lost_hosts, args.redeploy)
     numbered = gpt_ptc(cfg, dst["dp"], dst["tp"], dst["pp"], devices=devices, zero=args.zero)
-    new = assign(old, numbered, lost_hosts) if args.assign == "match" else numbered
     bw = Bandwidth(network=args.network_gbps * 1e9, local=args.local_gbps * 1e9)
-    p = plan(old, new, lost_hosts, bw)
-    by_numbering = p if new is numbered else plan(old, numbered, lost_hosts, bw)
-    return p, central_plan(old, new, lost_hosts, bw), by_numbering
+    if args.assign == "match":
+        p, by_numbering = assign_plan(old, numbered, lost_hosts, bw)
+    else:
+        p = by_numbering = plan(old, numbered, lost_hosts, bw)
+    return p, central_plan(old, p.new, lost_hosts, bw), by_numbering
 
 
 def report(p: Plan, c: Plan, by_numbering: Plan, args: argparse.Namespace, seconds: float) -> dict:

@@ -1,6 +1,6 @@
 """Reconfiguration planning: old PTC x new PTC (x lost devices) -> what every new rank pulls, from where."""
 
-from .assign import assign
+from .assign import assign, assign_plan
 from .central import central_plan
 from .plan import Fetch, Plan, PlanError, Route, plan
 from .stats import Bandwidth, PlanStats
@@ -13,6 +13,7 @@ __all__ = [
     "PlanStats",
     "Route",
     "assign",
+    "assign_plan",
     "central_plan",
     "plan",
 ]

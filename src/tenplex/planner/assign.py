@@ -15,7 +15,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 
 from ..ptc import PTC, Mesh
-from .plan import SourceGrid, check_compatible, group_tensors, lost_ranks, plan
+from .plan import Plan, SourceGrid, check_compatible, group_tensors, lost_ranks, plan
+from .stats import Bandwidth
 from .transport import transport
 
 Role = int  # index of a distinct set of held pieces: ranks of one role hold exactly the same bytes
@@ -27,21 +28,29 @@ def assign(old: PTC, new: PTC, lost: Iterable[str] = ()) -> PTC:
     The devices and hosts stay the same set; only which rank runs where changes. Returns `new` itself when
     the matching does not beat the given numbering, so the result never moves more bytes across hosts.
     """
+    return assign_plan(old, new, lost)[0].new
+
+
+def assign_plan(
+    old: PTC, new: PTC, lost: Iterable[str] = (), bandwidth: Bandwidth | None = None
+) -> tuple[Plan, Plan]:
+    """The plan into the matched layout (or into `new` when matching does not help), and the plan into `new`
+    with its devices in numbering order: both are computed to decide, so both are returned."""
     lost = tuple(lost)
     check_compatible(old, new)
+    numbered = plan(old, new, lost, bandwidth)
     roles, on_host, on_device = _affinity(old, new, lost_ranks(old, lost))
     slots = list(zip(new.mesh.devices, new.mesh.hosts))
     block = _block(new.mesh)
     host_of_rank = _match_hosts(new.mesh, roles, on_host, block)
     order = _match_devices(slots, roles, on_device, host_of_rank)
     mesh = Mesh(new.mesh.axes, tuple(slots[s][0] for s in order), tuple(slots[s][1] for s in order))
-    if mesh == new.mesh:
-        return new
-    candidate = PTC(mesh, new.tensors, new.placements, new.values)
-    if _split_groups(mesh) > _split_groups(new.mesh):  # a group split over hosts slows every step
-        return new
-    before, after = plan(old, new, lost).stats, plan(old, candidate, lost).stats
-    return candidate if (after.cross_host, -after.kept) < (before.cross_host, -before.kept) else new
+    if mesh == new.mesh or _split_groups(mesh) > _split_groups(new.mesh):  # a split group slows every step
+        return numbered, numbered
+    matched = plan(old, PTC(mesh, new.tensors, new.placements, new.values), lost, bandwidth)
+    before, after = numbered.stats, matched.stats
+    better = (after.cross_host, -after.kept) < (before.cross_host, -before.kept)
+    return (matched if better else numbered), numbered
 
 
 def _split_groups(mesh: Mesh) -> int:
@@ -126,12 +135,14 @@ def _match_devices(
 ) -> list[int]:
     """A slot per rank within its host: the devices already holding the most of the ranks' bytes."""
     order = [-1] * len(slots)
-    for h in dict.fromkeys(host_of_rank):
-        free = [s for s, (_, host) in enumerate(slots) if host == h]
-        by_role: dict[Role, list[int]] = defaultdict(list)
-        for r, host in enumerate(host_of_rank):
-            if host == h:
-                by_role[roles[r]].append(r)
+    slots_on: dict[str, list[int]] = defaultdict(list)
+    for s, (_, host) in enumerate(slots):
+        slots_on[host].append(s)
+    ranks_on: dict[str, dict[Role, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for r, host in enumerate(host_of_rank):
+        ranks_on[host][roles[r]].append(r)
+    for h, by_role in ranks_on.items():
+        free = slots_on[h]
         value = {
             (i, j): on_device[role][slots[s][0]]
             for i, role in enumerate(by_role)

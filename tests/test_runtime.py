@@ -25,6 +25,7 @@ from tenplex.runtime.chooser import (
     parse_table,
     self_check,
 )
+from tenplex.runtime.cluster import health
 from tenplex.runtime.schedule import ScheduleError, parse_schedule
 from tenplex.store.process import logged_stores
 from tenplex.train.layout import Layout
@@ -122,7 +123,7 @@ def test_para_config_overrides_and_is_validated():
 
 
 def test_the_controller_starts_each_rank_where_its_state_lies(tmp_path):
-    from tenplex.runtime.controller import Controller, RunConfig
+    from tenplex.runtime.controller import Controller, Phase, RunConfig
     from tenplex.train.config import TrainConfig
 
     cfg = RunConfig(
@@ -131,13 +132,13 @@ def test_the_controller_starts_each_rank_where_its_state_lies(tmp_path):
     c = Controller(cfg)
     hosts = [[f"h{h}/d0", f"h{h}/d1"] for h in range(4)]
     every = [d for h in hosts for d in h]
-    assert c._match(Layout(2, 2, 2), every) == every  # nothing to load: allocation order
-    c.placed = (Layout(1, 2, 2), hosts[0] + hosts[1])  # stage 0 on h0, stage 1 on h1
+    assert c._match(Layout(2, 2, 2), every, None) == every  # nothing to load: allocation order
+    prev = Phase(0, Layout(1, 2, 2), hosts[0] + hosts[1], 0, 5)  # stage 0 on h0, stage 1 on h1
     # (pp, dp, tp) rank order: stage 1's first replica (ranks 4, 5) stays on h1's devices; numbering
     # would have sent it to h2 and moved both stages across hosts
-    assert c._match(Layout(2, 2, 2), every) == hosts[0] + hosts[2] + hosts[1] + hosts[3]
+    assert c._match(Layout(2, 2, 2), every, prev) == hosts[0] + hosts[2] + hosts[1] + hosts[3]
     c.cluster.failed_hosts.add("h1")  # h1 is gone: its stage comes from elsewhere, the rest stays put
-    assert c._match(Layout(1, 2, 2), hosts[0] + hosts[2])[:2] == hosts[0]
+    assert c._match(Layout(1, 2, 2), hosts[0] + hosts[2], prev)[:2] == hosts[0]
 
 
 # -- whole jobs -------------------------------------------------------------------------------------------
@@ -203,25 +204,15 @@ def test_a_rerun_resumes_after_the_controller_is_killed_mid_reconfiguration(tmp_
         assert "final state (PyTorch DCP)" in out
         urls = [u for log in run_dir.glob("store-*.log") for u, _ in logged_stores(str(log))]
         deadline = time.time() + 10
-        while any(_answers(u) for u in urls) and time.time() < deadline:
+        while any(health(u) for u in urls) and time.time() < deadline:
             time.sleep(0.2)
-        assert not any(_answers(u) for u in urls)
+        assert not any(health(u) for u in urls)
     finally:
         for store in cluster["stores"].values():
             try:
                 os.kill(store["pid"], signal.SIGTERM)
             except ProcessLookupError:
                 pass
-
-
-def _answers(url: str) -> bool:
-    from tenplex.store import StoreClient, StoreError
-
-    try:
-        StoreClient(url, local=False, retries=0, timeout=2).health()
-        return True
-    except StoreError:
-        return False
 
 
 @pytest.mark.dist

@@ -61,7 +61,7 @@ class Cluster:
         self.devices_per_host = data["devices_per_host"]
         self.failed_devices, self.failed_hosts = set(data["failed_devices"]), set(data["failed_hosts"])
         self.allocation = data["allocation"]
-        self.stores = {h: s for h, s in data["stores"].items() if _alive(s["url"])}
+        self.stores = {h: s for h, s in data["stores"].items() if health(s["url"]) is not None}
         self._adopt_unrecorded()
         return True
 
@@ -73,12 +73,9 @@ class Cluster:
             if host in self.stores or host in self.failed_hosts:
                 continue
             for url, logged in reversed(logged_stores(str(log))):
-                try:
-                    pid = StoreClient(url, local=False, retries=0, timeout=2).health()["pid"]
-                except StoreError:
-                    continue
-                if pid == logged:  # not another store that took the port since
-                    self.stores[host] = {"url": url, "pid": pid}
+                answer = health(url)
+                if answer is not None and answer["pid"] == logged:  # not another store that took the port
+                    self.stores[host] = {"url": url, "pid": logged}
                     break
         self.save()
 
@@ -167,12 +164,12 @@ def _shrink(devices: list[str], n: int, host_of) -> list[str]:
     return [d for d in devices if d in keep]
 
 
-def _alive(url: str) -> bool:
+def health(url: str) -> dict | None:
+    """The store's health, asked once with a short timeout; None when it does not answer."""
     try:
-        StoreClient(url, local=False, retries=0, timeout=2).health()
-        return True
+        return StoreClient(url, local=False, retries=0, timeout=2).health()
     except StoreError:
-        return False
+        return None
 
 
 def _signal(pid: int, sig: int) -> None:

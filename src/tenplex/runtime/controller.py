@@ -92,7 +92,6 @@ class Controller:
         self.started = time.time()
         self.durable: str | None = None
         self.forced: Layout | None = None
-        self.placed: tuple[Layout, list[str]] | None = None  # the last phase's layout and rank -> device
         env = dict(os.environ, OMP_NUM_THREADS="1")
         self.pool = StandbyPool(cfg.run_dir / "standby.log", env, _die_with_parent)
         self.pool_size = min(MAX_STANDBY, max([e.devices or 0 for e in cfg.schedule] + [1]))
@@ -142,7 +141,7 @@ class Controller:
                 self._apply(by_step.pop(0), step)
             layout = self._layout(len(self.cluster.allocation))
             until = min([cfg.steps] + [e.step for e in by_step if not e.is_failure])
-            phase = self._launch(index, layout, step, until)
+            phase = self._launch(index, layout, step, until, prev)
             self._monitor(phase, by_step, by_time, prev)
             crashes = crashes + 1 if phase.crashed and not phase.trained else 0  # crashes without progress
             self._give_up_after(crashes, phase)
@@ -197,18 +196,18 @@ class Controller:
                 raise
             return Layout(dp=devices)  # only a hint to a script, which lays itself out
 
-    def _match(self, layout: Layout, devices: list[str]) -> list[str]:
+    def _match(self, layout: Layout, devices: list[str], prev: Phase | None) -> list[str]:
         """The allocation in rank order, each rank on the device (or host) that holds most of its state.
 
-        The state to load was laid out by the last phase; both layouts are the reference model's symbolic
-        PTCs, whose names and placements are those of the real job's state.
+        The state to load was laid out by the last phase, `prev`; both layouts are the reference model's
+        symbolic PTCs, whose names and placements are those of the real job's state.
         """
-        if self.placed is None or self.cfg.script:  # a script's own layout is known only inside it
+        if prev is None or self.cfg.script:  # a script's own layout is known only inside it
             return devices
         from ..planner import assign
         from ..ptc import PTCError, gpt_ptc
 
-        (was, before), model = self.placed, self.cfg.train.gpt()
+        was, before, model = prev.layout, prev.devices, self.cfg.train.gpt()
 
         def ptc(lay: Layout, devs: list[str]):
             on = [(d, Cluster.host_of(d)) for d in devs]
@@ -238,10 +237,10 @@ class Controller:
         return newest_step(self.cfg.job, [s["url"] for s in self.cluster.stores.values()]) or 0
 
     # -- one phase -----------------------------------------------------------------------------------------
-    def _launch(self, index: int, layout: Layout, step: int, until: int) -> Phase:
+    def _launch(self, index: int, layout: Layout, step: int, until: int, prev: Phase | None) -> Phase:
         cfg = self.cfg
-        devices = self._match(layout, list(self.cluster.allocation))
-        self.cluster.allocation, self.placed = devices, (layout, devices)
+        devices = self._match(layout, list(self.cluster.allocation), prev)
+        self.cluster.allocation = devices
         self.cluster.save()
         phase = Phase(index, layout, devices, step, until, dir=cfg.run_dir / f"phase{index}")
         phase.dir.mkdir(parents=True, exist_ok=True)

@@ -34,6 +34,7 @@ pytestmark = pytest.mark.timeout(120)
 def store():
     sp = start_store(memory_limit="512MiB")
     yield sp
+    assert sp.client().is_local  # same host: found out by the client itself, not forced
     assert sp.stop() == 0
     assert not os.path.exists(sp.shm_dir)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
@@ -13,7 +12,6 @@ from dataclasses import dataclass
 
 from .client import StoreClient
 from .errors import StoreError, StoreUnavailable
-from .shm import shm_root
 
 READY = "tenplex store listening on "
 
@@ -25,13 +23,10 @@ class StoreProcess:
     proc: subprocess.Popen[str]
     url: str
     token: str | None = None
+    shm_dir: str = ""  # where its blobs live, as the daemon reports it
 
     def client(self, local: bool | None = None) -> StoreClient:
         return StoreClient(self.url, token=self.token, local=local)
-
-    @property
-    def shm_dir(self) -> str:
-        return os.path.join(shm_root(), f"tenplex-{self.url.rsplit(':', 1)[1]}-{self.proc.pid}")
 
     def stop(self, timeout: float = 10.0) -> int:
         """SIGTERM and wait (SIGKILL after `timeout`); a killed daemon's shared memory is removed here."""
@@ -44,7 +39,8 @@ class StoreProcess:
                 self.proc.wait()
         if self.proc.stdout:
             self.proc.stdout.close()
-        shutil.rmtree(self.shm_dir, ignore_errors=True)  # only left behind if it was killed
+        if self.proc.returncode != 0 and self.shm_dir:  # a daemon that exits cleanly removes it itself
+            shutil.rmtree(self.shm_dir, ignore_errors=True)
         return self.proc.returncode
 
     def kill(self) -> None:
@@ -133,7 +129,7 @@ def start_store(
     deadline = time.monotonic() + timeout
     while True:
         try:
-            sp.client().health()
+            sp.shm_dir = sp.client().health()["shm_dir"]
             return sp
         except StoreError:
             if time.monotonic() > deadline or proc.poll() is not None:

@@ -11,6 +11,7 @@ import time
 import warnings
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
 
@@ -19,18 +20,14 @@ from ..ptc import values as value_codec
 from ..store import StoreError
 from .errors import KeyMismatchError, NoSnapshotError, ShapeMismatchError, StateError
 from .layout import blob_name
-from .load import LoadInfo
-from .shards import Staged
+from .load import LoadInfo, choose_snapshot
+from .shards import DTYPES, Staged
 from .stores import client, resolve
 from .tree import expand, flatten, restore
 
 VALUES_KEY = "tenplex.values"
 STEP_KEY = "tenplex.step"
-TORCH_DTYPES = {
-    "float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
-    "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32, "int16": torch.int16,
-    "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
-}  # fmt: skip
+TORCH_DTYPES = {name: dtype for dtype, name in DTYPES.items()}
 
 
 def persist(job: str, step: int | None, path: str, *, store: str | None = None) -> dict[str, Any]:
@@ -55,12 +52,11 @@ def assemble(
 ) -> tuple[int, PTC, dict[str, torch.Tensor]]:
     """Every tensor of a committed snapshot as one full tensor, each piece read from a store holding it
     (for persisting, and for comparing two runs' states)."""
-    own = client(resolve(store))
-    if step is None:
-        step = own.latest(job)
-        if step is None:
-            raise NoSnapshotError(f"job {job!r} has no committed version in {own.url}")
-    ptc = PTC.from_json(own.manifest(job, step)["ptc"])
+    chosen = choose_snapshot(job, step, [resolve(store)])  # what a load would take: one complete save
+    if not isinstance(chosen, tuple):
+        raise chosen if isinstance(chosen, StateError) else NoSnapshotError(chosen)
+    step, manifest = chosen
+    ptc = PTC.from_json(manifest["ptc"])
     out = {}
     for name, meta in ptc.tensors.items():
         full = torch.empty(meta.shape, dtype=TORCH_DTYPES[meta.dtype])
@@ -73,9 +69,9 @@ def assemble(
 
 def _read_piece(ptc: PTC, job: str, step: int, name: str, piece: Any, out: Any) -> None:
     errors = []
+    buf = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
     for r in piece.holders:
         try:
-            buf = out if out.flags.c_contiguous else out.copy()
             client(ptc.mesh.hosts[r]).read_box(job, step, blob_name(r, name), Box.full(piece.box.shape), buf)
             if buf is not out:
                 out[...] = buf

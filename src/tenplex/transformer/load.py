@@ -76,7 +76,7 @@ def load(
     if sources is None:
         sources = [s for s in os.environ.get("TENPLEX_SOURCES", "").split(",") if s]
     urls = sorted({lay.store for lay in layouts} | {resolve(s) for s in sources}, key=lambda u: u != url)
-    chosen = world.broadcast(_choose(job, step, urls) if world.rank(group) == 0 else None, group)
+    chosen = world.broadcast(choose_snapshot(job, step, urls) if world.rank(group) == 0 else None, group)
     if isinstance(chosen, str | StateError):  # no snapshot in memory, or the stores cannot say which
         if path is not None:
             from .durable import load_durable
@@ -123,11 +123,11 @@ def load(
 def newest_step(job: str, stores: list[str]) -> int | None:
     """The step `load` would resume `job` from with these stores, or None when there is no snapshot (or
     the stores cannot tell)."""
-    found = _choose(job, None, stores)
+    found = choose_snapshot(job, None, stores)
     return found[0] if isinstance(found, tuple) else None
 
 
-def _choose(job: str, step: int | None, urls: list[str]) -> tuple[int, dict] | str | StateError:
+def choose_snapshot(job: str, step: int | None, urls: list[str]) -> tuple[int, dict] | str | StateError:
     """(step, manifest) from any reachable store among `urls`, or why there is none: a reason (no
     snapshot), or an error (the stores misbehave: a job must not silently start over then). Returned, not
     raised, because one rank chooses for all."""

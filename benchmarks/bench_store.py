@@ -148,7 +148,8 @@ def main() -> None:
         assert np.array_equal(out, a)
         row("net read box 256 MiB", t_net, "raw socket 256 MiB", t_raw, n, 0.6)
         t_net_half = best(lambda: net.read_box("bench", 1, "w", half, hout))
-        row("net read strided box 128 MiB", t_net_half, "raw socket (same bytes)", t_raw / 2, n // 2, 0.6)
+        t_raw_half = best(lambda: raw.fetch(dst[: n // 2]))
+        row("net read strided box 128 MiB", t_net_half, "raw socket (same bytes)", t_raw_half, n // 2, 0.6)
 
         mib_boxes = [Box((i, 0), (i + 16, cols)) for i in range(0, rows_, 16)]
         outs = [out[b.slices()] for b in mib_boxes]  # views of `out`: C-contiguous, warm
@@ -159,6 +160,12 @@ def main() -> None:
         t_batch = best(lambda: net.read_boxes("bench", 1, [("w", b, o) for b, o in zip(mib_boxes, outs)]))
         row(f"net {len(mib_boxes)} x 1 MiB boxes, one request", t_batch, "raw socket 256 MiB", t_raw, n, 0.6)
         assert np.array_equal(out, a)
+        # what one request costs beyond its bytes: one element each, against a 4-byte raw round trip
+        one, tiny = Box((0, 0), (1, 1)), np.empty((1, 1), np.float32)
+        t_one = best(lambda: [net.read_box("bench", 1, "w", one, tiny) for _ in range(256)]) / 256
+        t_raw_one = best(lambda: [raw.fetch(dst[:4]) for _ in range(256)]) / 256
+        results.append({"case": "net one-element box, one request each", "ms per request": t_one * 1e3,
+                        "raw socket ms": t_raw_one * 1e3})  # fmt: skip
 
         # ---- 64 concurrent clients x small requests
         small = np.arange(64, dtype=np.float32).reshape(8, 8)
@@ -210,6 +217,8 @@ def main() -> None:
     print_rows("tensor store vs its floors (ratio = baseline time / store time)",
                [r for r in results if "ratio" in r],
                ["case", "GB/s", "baseline", "baseline GB/s", "ratio", "target", "ok"])  # fmt: skip
+    print_rows("per-request cost", [r for r in results if "ms per request" in r],
+               ["case", "ms per request", "raw socket ms"])  # fmt: skip
     print_rows("concurrency", [r for r in results if "errors" in r],
                ["case", "requests/s", "errors", "rss before MiB", "rss after MiB", "rss after more MiB",
                 "ok"])  # fmt: skip

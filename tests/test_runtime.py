@@ -245,8 +245,10 @@ def test_a_reconfiguration_itself_changes_nothing_bit_for_bit(tmp_path):
         assert curves["dp2-restarted"] == curves["dp2"]
         assert compare_parameters(runs["dp2-restarted"], runs["dp2"]) == 0.0
         layout_noise = max(abs(curves["dp2"][s] - curves["one"][s]) for s in curves["one"])
+        param_noise = compare_parameters(runs["dp2"], runs["one"])
+        print(f"static dp2 vs one device, 60 steps: loss {layout_noise:.2e}, parameters {param_noise:.2e}")
         assert 0 < layout_noise <= LOSS_TOLERANCE
-        assert compare_parameters(runs["dp2"], runs["one"]) <= PARAM_TOLERANCE
+        assert param_noise <= PARAM_TOLERANCE
     finally:
         for c in runs.values():
             c.cluster.shutdown()

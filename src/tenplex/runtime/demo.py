@@ -21,8 +21,8 @@ SCHEDULE = [
     {"step": 50, "devices": 2},
 ]
 # Different layouts sum in different orders, so fp32 results drift apart with the steps. Measured for these
-# 60 steps (tests/test_runtime.py re-measures it): static dp2 and static tp2-pp2 runs differ from one device
-# by up to 1.9e-6 in the loss and 1.3e-4 in the parameters, while a run that goes through a tenplex
+# 60 steps (`pytest tests/test_runtime.py -k bit_for_bit -s` prints it): a static dp2 run differs from one
+# device by up to 1.9e-6 in the loss and 1.3e-4 in the parameters, while a run that goes through a tenplex
 # save/load in the same layout is bit-identical to one that does not. Tolerances: those maxima, x2.5-4.
 LOSS_TOLERANCE = 5e-6
 PARAM_TOLERANCE = 5e-4

@@ -81,7 +81,7 @@ def main() -> None:
     p.add_argument("--micro-batch", type=int, default=2)
     p.add_argument("--fsdp", action="store_true", help="also every layout with dp > 1 under FSDP2")
     p.add_argument("--source", action="append", default=[], help="corpus files/dirs (default: the stdlib)")
-    p.add_argument("--out", default="bench_train.json")
+    p.add_argument("--out", default="results/bench_train.json")
     args = p.parse_args()
     rows = bench(args)
     cfg = preset(args.model)
@@ -97,6 +97,7 @@ def main() -> None:
         "device": "cuda" if torch.cuda.is_available() else "cpu",
         "machine": f"{platform.machine()} {torch.get_num_threads()} threads",
     }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     size = f"{cfg.param_count() / 1e6:.1f}M params"
     print(f"\n{args.model} ({size}), global batch {args.global_batch} x seq {cfg.seq}")

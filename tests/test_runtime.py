@@ -57,6 +57,7 @@ def test_schedule_parses_every_kind_of_event():
         ([{"step": 0}], "first event must be at step 0 (or time 0) and say how many devices"),
         ([{"step": 0, "devices": 0}], "devices must be a positive integer"),
         ([{"step": 0, "devices": 2, "time": 1}], "exactly one of 'step' or 'time'"),
+        ([{"step": 0, "devices": 2}, {"time": 5, "fail_hosts": ["h0"]}], "failures are injected at a step"),
         ([{"step": 0, "devices": 2}, {"step": -1}], "non-negative integer"),
         ([{"step": 0, "devices": 2}, {"step": 5, "fail": "1"}], "fail must be a list of ranks"),
         ([{"step": 0, "devices": 2}, {"step": 5, "gpus": 3}], "unknown keys ['gpus']"),

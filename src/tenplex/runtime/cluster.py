@@ -120,8 +120,6 @@ class Cluster:
 
     def apply(self, event: Event) -> list[str]:
         """The device allocation after `event` (rank order: surviving devices keep their ranks' order)."""
-        for host in event.fail_hosts:
-            self.kill_host(host)
         current = [
             d
             for d in self.allocation

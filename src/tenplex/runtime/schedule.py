@@ -94,6 +94,8 @@ def parse_event(raw: Any, index: int) -> Event:
         raise ScheduleError(f"{where}: layout must look like {{dp: 2, tp: 1, pp: 2}}, got {layout!r}")
     if not isinstance(raw.get("redeploy", False), bool):
         raise ScheduleError(f"{where}: redeploy must be true or false")
+    if time_ is not None and (fail or fail_hosts):
+        raise ScheduleError(f"{where}: failures are injected at a step (e.g. {{step: 40, fail: [1]}})")
     return Event(
         step,
         None if time_ is None else float(time_),

@@ -76,7 +76,9 @@ def load(
     if sources is None:
         sources = [s for s in os.environ.get("TENPLEX_SOURCES", "").split(",") if s]
     urls = sorted({lay.store for lay in layouts} | {resolve(s) for s in sources}, key=lambda u: u != url)
-    chosen = world.broadcast(choose_snapshot(job, step, urls) if world.rank(group) == 0 else None, group)
+    # one rank decides which snapshot and which stores are lost, so that all ranks agree (a store that
+    # answers one rank and not another would otherwise split them between memory and the DCP fallback)
+    chosen = world.broadcast(_decide(job, step, urls) if world.rank(group) == 0 else None, group)
     if isinstance(chosen, str | StateError):  # no snapshot in memory, or the stores cannot say which
         if path is not None:
             from .durable import load_durable
@@ -85,10 +87,9 @@ def load(
                 state_dict, path, strict=strict, started=started, reason=str(chosen), process_group=group
             )
         raise chosen if isinstance(chosen, StateError) else NoSnapshotError(chosen)
-    step, manifest = chosen
+    step, manifest, (lost, remap) = chosen
     old = PTC.from_json(manifest["ptc"])
     common = _check_keys(old, new, wanted, strict)
-    lost, remap = _lost_stores(old, job, step, manifest.get("replicas", {}))
     old_view = _remap_hosts(old, remap)
     p = plan(subset(old_view, common), subset(new, common), lost=sorted(lost))
     if not p.complete:
@@ -127,6 +128,16 @@ def newest_step(job: str, stores: list[str]) -> int | None:
     return found[0] if isinstance(found, tuple) else None
 
 
+def _decide(job: str, step: int | None, urls: list[str]) -> tuple | str | StateError:
+    """The snapshot (step, manifest) and its lost and remapped stores, or why there is none."""
+    chosen = choose_snapshot(job, step, urls)
+    if not isinstance(chosen, tuple):
+        return chosen
+    found, manifest = chosen
+    old = PTC.from_json(manifest["ptc"])
+    return found, manifest, _lost_stores(old, job, found, manifest.get("replicas", {}))
+
+
 def choose_snapshot(job: str, step: int | None, urls: list[str]) -> tuple[int, dict] | str | StateError:
     """(step, manifest) from any reachable store among `urls`, or why there is none: a reason (no
     snapshot), or an error (the stores misbehave: a job must not silently start over then). Returned, not
@@ -142,12 +153,13 @@ def _newest(job: str, step: int | None, urls: list[str]) -> tuple[int, dict] | s
     died between its per-store commits leaves a version some stores hide (the one before it is used); a
     later save of the same step replaces it where it writes, and its save id tells the two apart."""
     where: dict[int, dict[str | None, str]] = defaultdict(dict)  # step -> save id -> a store holding it
-    ids: dict[str, dict[int, str | None]] = {}
+    ids: dict[str, dict[int, str | None] | None] = {}  # None: the store does not answer (asked once)
     errors = []
     for u in urls:
         try:
             ids[u] = client(u).save_ids(job)
         except StoreUnavailable as e:
+            ids[u] = None
             errors.append(str(e))
             continue
         for s, sid in ids[u].items():
@@ -168,12 +180,14 @@ def _newest(job: str, step: int | None, urls: list[str]) -> tuple[int, dict] | s
 
 def _holds(url: str, job: str, step: int, save_id: str | None, known: dict) -> bool:
     """True when the store has that save of the version committed, or does not answer (a lost host,
-    handled later)."""
-    try:
-        have = known[url] if url in known else client(url).save_ids(job)
-    except StoreUnavailable:
-        return True
-    return step in have and have[step] == save_id
+    handled later). `known` caches each store's answer, a dead store's too."""
+    if url not in known:
+        try:
+            known[url] = client(url).save_ids(job)
+        except StoreUnavailable:
+            known[url] = None
+    have = known[url]
+    return have is None or have.get(step, ...) == save_id
 
 
 def _differences(old: PTC, new: PTC, values: dict[str, Any]) -> tuple[list[str], list[str]]:

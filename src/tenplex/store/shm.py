@@ -15,6 +15,7 @@ import socket
 import tempfile
 import threading
 import time
+from collections import OrderedDict
 
 from .errors import MemoryLimitError
 
@@ -66,7 +67,8 @@ class Arena:
         os.makedirs(self.dir, mode=0o700)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
-        self._free: dict[int, list[tuple[float, str, mmap.mmap | bytearray]]] = {}
+        self._free: dict[int, list[tuple[float, str, mmap.mmap | bytearray]]] = {}  # per size, oldest first
+        self._order: OrderedDict[str, int] = OrderedDict()  # every pooled file, oldest first -> its size
         self.pooled = 0
 
     def create(self, nbytes: int) -> tuple[str, mmap.mmap | bytearray]:
@@ -77,6 +79,7 @@ class Arena:
             free = self._free.get(nbytes, [])
             if free and now - free[0][0] >= self.GRACE:
                 _, path, mem = free.pop(0)
+                del self._order[path]
                 self.pooled -= nbytes
                 return path, mem
             path = os.path.join(self.dir, f"b{next(self._ids):08d}")
@@ -96,6 +99,7 @@ class Arena:
         """Keep a freed blob file for reuse by a blob of the same size."""
         with self._lock:
             self._free.setdefault(nbytes, []).append((time.monotonic(), path, mem))
+            self._order[path] = nbytes
             self.pooled += nbytes
         self.trim(None)
 
@@ -103,13 +107,17 @@ class Arena:
         """Unlink pooled files older than TTL, then the oldest ones until at most `keep` bytes are pooled."""
         now = time.monotonic()
         doomed = []
-        with self._lock:
-            entries = sorted((t, n, p) for n, lst in self._free.items() for t, p, _ in lst)
-            for t, n, p in entries:
-                if now - t > self.TTL or (keep is not None and self.pooled > keep):
-                    doomed.append(p)
-                    self._free[n] = [e for e in self._free[n] if e[1] != p]
-                    self.pooled -= n
+        with self._lock:  # from the oldest file on, and only as far as there is something to unlink
+            while self._order:
+                path, n = next(iter(self._order.items()))
+                t, first, _ = self._free[n][0]  # the oldest file overall is the oldest of its size
+                assert first == path
+                if not (now - t > self.TTL or (keep is not None and self.pooled > keep)):
+                    break
+                self._free[n].pop(0)
+                del self._order[path]
+                self.pooled -= n
+                doomed.append(path)
         for p in doomed:
             self.remove(p)
 
@@ -127,5 +135,6 @@ class Arena:
     def close(self) -> None:
         with self._lock:
             self._free.clear()
+            self._order.clear()
             self.pooled = 0
         shutil.rmtree(self.dir, ignore_errors=True)

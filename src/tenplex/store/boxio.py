@@ -12,8 +12,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..ptc import Box
-from .checksum import CHUNK, byte_span, digest, verify_span
-from .errors import ChecksumError
+from .checksum import CHUNK, byte_span, verify_chunk, verify_span
 from .keys import NUMPY_DTYPE
 
 SCRATCH = 8 << 20  # bytes of the per-connection buffer for strided boxes
@@ -83,8 +82,6 @@ def copy_box(
         return
     dst = as_bytes(out)
     for c in range(lo // CHUNK, (hi - 1) // CHUNK + 1 if hi > lo else 0):
-        a, b = c * CHUNK, (c + 1) * CHUNK
-        if digest(data[a:b]) != digests[c]:
-            raise ChecksumError(f"{what}: bytes {a}..{min(b, len(data))} are corrupted")
-        s, e = max(a, lo), min(b, hi)
+        verify_chunk(data, digests, c, what)
+        s, e = max(c * CHUNK, lo), min((c + 1) * CHUNK, hi)
         dst[s - lo : e - lo] = data[s:e]

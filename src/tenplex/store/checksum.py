@@ -14,9 +14,20 @@ def digest(data: memoryview) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
 
+def chunks(data: memoryview, chunk: int = CHUNK) -> list[memoryview]:
+    """Consecutive `chunk`-byte pieces of `data` (the last may be shorter): the unit of every checksum."""
+    return [data[i : i + chunk] for i in range(0, len(data), chunk)]
+
+
 def chunk_digests(data: memoryview, chunk: int = CHUNK) -> list[int]:
     """Checksums of consecutive `chunk`-byte pieces of `data` (the last may be shorter)."""
-    return [digest(data[i : i + chunk]) for i in range(0, len(data), chunk)]
+    return [digest(p) for p in chunks(data, chunk)]
+
+
+def verify_chunk(data: memoryview, digests: list[int], c: int, what: str, chunk: int = CHUNK) -> None:
+    """Raise ChecksumError when chunk `c` of `data` does not match its checksum."""
+    if digest(data[c * chunk : (c + 1) * chunk]) != digests[c]:
+        raise ChecksumError(f"{what}: bytes {c * chunk}..{min((c + 1) * chunk, len(data))} are corrupted")
 
 
 def byte_span(box: Box, shape: tuple[int, ...], itemsize: int) -> tuple[int, int]:
@@ -37,5 +48,4 @@ def verify_span(
     if hi <= lo:
         return
     for c in range(lo // chunk, (hi - 1) // chunk + 1):
-        if digest(data[c * chunk : (c + 1) * chunk]) != digests[c]:
-            raise ChecksumError(f"{what}: bytes {c * chunk}..{min((c + 1) * chunk, len(data))} are corrupted")
+        verify_chunk(data, digests, c, what, chunk)

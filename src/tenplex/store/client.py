@@ -22,7 +22,7 @@ import numpy as np
 
 from ..ptc import ITEM_SIZE, Box
 from .boxio import as_bytes, copy_box
-from .checksum import CHUNK, digest
+from .checksum import CHUNK, chunk_digests, chunks, digest
 from .datasets import gather, token_windows
 from .errors import (
     BadRequestError,
@@ -275,10 +275,8 @@ class StoreClient:
                 digests.append(digest(flat_dst[i : i + CHUNK]))
             self._seal(job, step, name, digests)
             return
-        data = as_bytes(src)
-        pieces = [data[i : i + CHUNK] for i in range(0, len(data), CHUNK)]
-        mine = [digest(p) for p in pieces]
-        self.put_raw(job, step, name, dt, src.shape, pieces, mine)
+        pieces = chunks(as_bytes(src))
+        self.put_raw(job, step, name, dt, src.shape, pieces, [digest(p) for p in pieces])
 
     def put_raw(
         self,
@@ -319,8 +317,7 @@ class StoreClient:
             arr = self._allocated.get((job, step, name))
         if arr is None:
             raise NotFoundError(f"blob {name!r} was not allocated by this client")
-        data = as_bytes(arr)
-        self._seal(job, step, name, [digest(data[i : i + CHUNK]) for i in range(0, len(data), CHUNK)])
+        self._seal(job, step, name, chunk_digests(as_bytes(arr)))
 
     def _seal(self, job: str, step: int, name: str, digests: list[int]) -> None:
         self.request("POST", f"{self._bpath(job, step, name)}/seal", {"digests": digests})

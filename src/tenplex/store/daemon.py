@@ -27,7 +27,7 @@ import numpy as np
 from ..ptc import Box
 from .boxio import SCRATCH, blob_array, pieces
 from .catalog import Blob, Catalog
-from .checksum import CHUNK, byte_span, digest, verify_span
+from .checksum import CHUNK, byte_span, chunk_digests, digest, verify_span
 from .client import DEFAULT_PORT, PREAMBLE
 from .datasets import Dataset, Registry, check_ids, gather, open_dataset, rank_view
 from .errors import (
@@ -494,8 +494,7 @@ def _seal(d: Daemon, req: Request) -> dict[str, Any]:
     digests = body.get("digests")
     n_chunks = -(-blob.nbytes // CHUNK)
     if digests is None:  # the writer did not hash: do it here
-        data = memoryview(blob.mem)
-        digests = [digest(data[i : i + CHUNK]) for i in range(0, blob.nbytes, CHUNK)]
+        digests = chunk_digests(memoryview(blob.mem))
     elif not (isinstance(digests, list) and len(digests) == n_chunks
               and all(type(x) is int and 0 <= x < 2**64 for x in digests)):  # fmt: skip
         raise BadRequestError(f"digests must be {n_chunks} unsigned 64-bit integers")

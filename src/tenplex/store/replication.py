@@ -11,7 +11,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING
 
-from .checksum import CHUNK
+from .checksum import chunks
 from .client import StoreClient
 from .errors import StoreError
 
@@ -66,9 +66,8 @@ class Replicator:
                     own = [b for b in list(v.blobs.values()) if b.origin is None]  # not copies of a peer's
                     me = self.d.url
                     for b in own:
-                        data = memoryview(b.mem)
-                        chunks = [data[i : i + CHUNK] for i in range(0, b.nbytes, CHUNK)]
-                        c.put_raw(job, step, b.name, b.dtype, b.shape, chunks, b.digests, replica_of=me)
+                        pieces = chunks(memoryview(b.mem))
+                        c.put_raw(job, step, b.name, b.dtype, b.shape, pieces, b.digests, replica_of=me)
                     c.commit(job, step, v.manifest, replica_of=self.d.url)
                 finally:
                     c.close()

@@ -47,6 +47,7 @@ import numpy as np
 from common import print_rows, write_results
 from tenplex.ptc.gpt import GPTConfig
 from tenplex.store import start_store
+from tenplex.store.process import free_port
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
@@ -72,12 +73,6 @@ PAIRS = {
     "combined-replicas": ([2, 2, 1], [1, 1, 4]),
 }
 DEFAULT_PAIRS = "dp,tp,pp,combined"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def memcpy_bandwidth(nbytes: int = 256 << 20, repeat: int = 5) -> float:

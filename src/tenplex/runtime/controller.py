@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..ptc import TenplexError
+from ..store.process import free_port
 from ..train.config import TrainConfig
 from ..train.layout import Layout
 from .chooser import ChooserError, choose
@@ -266,7 +267,7 @@ class Controller:
             "layout": asdict(layout),
         }
         (phase.dir / "spec.json").write_text(json.dumps(spec, indent=1))
-        port = _free_port()
+        port = free_port()
         self.timeline.write(
             "launch",
             phase=index,
@@ -463,14 +464,6 @@ class Controller:
         }
         self.timeline.write("reconfig", **info)
         self.live.reconfig(info)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _die_with_parent() -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import pickle
 import queue
-import socket
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
@@ -18,16 +17,11 @@ from typing import Any
 import torch.multiprocessing as mp
 
 from ..ptc import TenplexError
+from ..store.process import free_port
 
 
 class LaunchError(TenplexError, RuntimeError):
     """A rank failed; the message carries its traceback's last line."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 _CHANNEL: Any = None  # the parent's queue, inside a spawned rank

@@ -47,7 +47,7 @@ import numpy as np
 from common import print_rows, write_results
 from tenplex.ptc.gpt import GPTConfig
 from tenplex.store import start_store
-from tenplex.store.process import free_port
+from tenplex.util import free_port
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"

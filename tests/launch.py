@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tenplex.store.process import free_port
+from tenplex.util import free_port
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"

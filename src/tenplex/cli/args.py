@@ -6,6 +6,15 @@ import argparse
 
 from ..store import StoreClient
 from ..store.client import DEFAULT_URL
+from ..util import SizeError, parse_size, token_from_file
+
+
+def size_arg(text: str) -> int:
+    """argparse type for byte sizes: a bad one is a usage error, not an HTTP error class."""
+    try:
+        return parse_size(text)
+    except SizeError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_store_args(p: argparse.ArgumentParser, token_dest: str = "token_file") -> None:
@@ -16,8 +25,5 @@ def add_store_args(p: argparse.ArgumentParser, token_dest: str = "token_file") -
 
 
 def store_client(url: str | None, token_file: str | None) -> StoreClient:
-    token = None
-    if token_file:
-        with open(token_file) as f:
-            token = f.read().strip()
+    token = token_from_file(token_file) if token_file else None
     return StoreClient(url, token=token, local=False)

@@ -6,8 +6,8 @@ import argparse
 import json
 
 from ..ptc import PTC, PTCError
+from ..util import human_bytes, print_table
 from .args import add_store_args, store_client
-from .format import human_bytes, print_table
 
 
 def run(args: argparse.Namespace) -> int:

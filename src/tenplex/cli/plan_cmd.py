@@ -8,7 +8,7 @@ import time
 
 from ..planner import Bandwidth, Plan, assign_plan, central_plan, plan
 from ..ptc import GPTConfig, Mesh, PTCError, device_id, gpt_ptc, preset
-from .format import human_bytes, print_table
+from ..util import human_bytes, print_table
 
 LAYOUT_KEYS = ("dp", "tp", "pp")
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from ..ptc import PTCError
 from ..train.config import TrainConfig
-from .format import print_table
+from ..util import print_table
+from .args import size_arg
 
 
 def _train_config(args: argparse.Namespace) -> TrainConfig:
@@ -105,9 +106,8 @@ def run(args: argparse.Namespace) -> int:
 
 def choose_cmd(args: argparse.Namespace) -> int:
     from ..runtime.chooser import parse_table, rank_layouts
-    from ..store.daemon import parse_size
 
-    memory = parse_size(args.device_memory) if args.device_memory else None
+    memory = args.device_memory
     ranked = rank_layouts(args.model, args.devices, args.global_batch, args.micro_batch, memory)
     table = parse_table(_table(args.para_config)) if args.para_config else {}
     if args.json:
@@ -181,7 +181,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--devices", type=int, required=True)
     c.add_argument("--global-batch", type=int, default=8)
     c.add_argument("--micro-batch", type=int, default=0)
-    c.add_argument("--device-memory", help="e.g. 80GiB: drop layouts that do not fit")
+    c.add_argument("--device-memory", type=size_arg, help="e.g. 80GiB: drop layouts that do not fit")
     c.add_argument("--para-config", help="JSON table: devices -> {dp, tp, pp}")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=choose_cmd)

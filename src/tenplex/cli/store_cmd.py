@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from ..store.daemon import add_arguments, run
+from ..util import human_bytes, print_table
 from .args import add_store_args, store_client
-from .format import human_bytes, print_table
 
 
 def register(sub: argparse._SubParsersAction) -> None:

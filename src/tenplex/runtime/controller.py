@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from ..ptc import TenplexError
-from ..store.process import free_port
 from ..train.config import TrainConfig
 from ..train.layout import Layout
+from ..util import free_port
 from .chooser import ChooserError, choose
 from .cluster import Cluster
 from .live import LiveView

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from ..cli.format import human_bytes
+from ..util import human_bytes
 
 
 class LiveView:

@@ -157,7 +157,7 @@ def write_json(path: Path, data: Any) -> None:
 def print_report(s: dict) -> None:
     """Each reconfiguration (downtime, bytes moved against the lower bound), recoveries, the loss
     comparison with a static run when there is one, and the data ledger."""
-    from ..cli.format import human_bytes, print_table
+    from ..util import human_bytes, print_table
 
     rows = []
     for r in s["reconfigurations"]:

@@ -11,7 +11,6 @@ import hmac
 import ipaddress
 import os
 import re
-import secrets
 import signal
 import socket
 import sys
@@ -25,6 +24,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import numpy as np
 
 from ..ptc import Box
+from ..util import SizeError, parse_size, read_token
 from .boxio import SCRATCH, blob_array, pieces
 from .catalog import Blob, Catalog
 from .checksum import CHUNK, byte_span, chunk_digests, digest, verify_span
@@ -641,17 +641,6 @@ def _rss() -> int:
 
 # ---------------------------------------------------------------------- process entry point
 
-SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)([KMGT]?)(i?)B?", re.IGNORECASE)
-
-
-def parse_size(text: str) -> int:
-    """'16GiB' / '512MiB' (powers of 1024), '16GB' (powers of 1000) or a plain byte count."""
-    m = SIZE_RE.fullmatch(text.strip().replace(" ", ""))
-    if not m:
-        raise BadRequestError(f"invalid size {text!r}: expected e.g. 16GiB, 512MiB, 4096")
-    base = 1024 if m.group(3) else 1000
-    return int(float(m.group(1)) * base ** "_KMGT".index(m.group(2).upper() or "_"))
-
 
 def is_loopback(host: str) -> bool:
     if host == "localhost":
@@ -663,24 +652,20 @@ def is_loopback(host: str) -> bool:
 
 
 def load_token(path: str | None, required: bool) -> str | None:
-    """The bearer token from `path`; generated into a new 0600 file when it does not exist yet."""
-    if path is None:
-        if not required:
-            return None
-        path = os.path.join(os.path.expanduser("~"), ".tenplex", "store.token")
-    if os.path.exists(path):
-        with open(path) as f:
-            token = f.read().strip()
-        if not token:
-            raise BadRequestError(f"token file {path} is empty")
-        return token
-    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
-    token = secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    print(f"tenplex store: wrote a new token to {path}", file=sys.stderr)
-    return token
+    """The bearer token from `path` (or the per-user file when one is required); created 0600 if missing."""
+    if path is None and not required:
+        return None
+    try:
+        return read_token(path, create=True)
+    except ValueError as e:
+        raise BadRequestError(str(e)) from None
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except SizeError as e:
+        raise BadRequestError(str(e)) from None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -702,9 +687,7 @@ def run(args: argparse.Namespace) -> int:
         raise BadRequestError("port must be 0..65535 and replicas >= 0")
     token = load_token(args.token_file, required=not is_loopback(args.host))
     peers = [p.strip().rstrip("/") for p in args.peers.split(",") if p.strip()]
-    d = Daemon(
-        args.host, args.port, parse_size(args.memory_limit), token, peers, args.replicas, args.advertise
-    )
+    d = Daemon(args.host, args.port, _size(args.memory_limit), token, peers, args.replicas, args.advertise)
 
     def stop(signum: int, frame: object) -> None:
         raise _Shutdown

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -54,13 +53,6 @@ class StoreProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def free_port() -> int:
-    """A TCP port free on this host now (for a process group's rendezvous)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def announced(text: str) -> tuple[str, int | None] | None:

@@ -17,7 +17,7 @@ from typing import Any
 import torch.multiprocessing as mp
 
 from ..ptc import TenplexError
-from ..store.process import free_port
+from ..util import free_port
 
 
 class LaunchError(TenplexError, RuntimeError):

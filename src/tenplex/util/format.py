@@ -1,4 +1,4 @@
-"""Terminal output shared by the commands: byte sizes and rich tables."""
+"""Terminal output: byte sizes and rich tables (the CLI, the live view and the run report)."""
 
 from __future__ import annotations
 

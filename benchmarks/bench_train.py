@@ -22,10 +22,10 @@ import torch
 
 from tenplex.data import build_corpus
 from tenplex.ptc import preset
+from tenplex.ptc.layout import Layout, layouts
 from tenplex.train.cases import Case, CaseResult, run_cases
 from tenplex.train.config import TrainConfig
 from tenplex.train.launch import spawn
-from tenplex.train.layout import Layout, valid_layouts
 
 
 def bench(args: argparse.Namespace) -> list[dict]:
@@ -40,14 +40,14 @@ def bench(args: argparse.Namespace) -> list[dict]:
     )
     rows = []
     for world in range(1, args.max_world + 1):
-        layouts: list[Layout] = valid_layouts(preset(args.model), world)
+        todo: list[Layout] = layouts(preset(args.model), world)
         if args.fsdp:
-            layouts += [replace(lay, fsdp=True) for lay in layouts if lay.dp > 1]
-        cases = [Case(replace(base, dp=lay.dp, tp=lay.tp, pp=lay.pp, fsdp=lay.fsdp)) for lay in layouts]
+            todo += [replace(lay, fsdp=True) for lay in todo if lay.dp > 1]
+        cases = [Case(replace(base, dp=lay.dp, tp=lay.tp, pp=lay.pp, fsdp=lay.fsdp)) for lay in todo]
         t0 = time.perf_counter()
         per_rank: list[list[CaseResult]] = spawn(run_cases, world, cases, str(corpus.path))
         print(f"world {world}: {len(cases)} layouts in {time.perf_counter() - t0:.1f}s", flush=True)
-        for i, lay in enumerate(layouts):
+        for i, lay in enumerate(todo):
             r = per_rank[0][i]
             times = r.step_times[args.warmup :]
             step = statistics.median(times)

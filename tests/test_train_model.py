@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 from tenplex.ptc import PTCError, preset, stage_layers  # noqa: E402
 from tenplex.ptc.gpt import param_shapes  # noqa: E402
-from tenplex.train.layout import Layout, LayoutError, valid_layouts  # noqa: E402
+from tenplex.ptc.layout import Layout, LayoutError, layouts  # noqa: E402
 from tenplex.train.model import GPT  # noqa: E402
 from tenplex.train.optim import WarmupCosine, build_optimizer  # noqa: E402
 
@@ -108,16 +108,23 @@ def test_weight_decay_only_on_matrices() -> None:
     assert no_decay["weight_decay"] == 0.0
 
 
-def test_valid_layouts_and_errors() -> None:
+def test_layouts_and_errors() -> None:
     tiny = preset("tiny")  # 2 layers, 4 heads
-    got = {(lay.dp, lay.tp, lay.pp) for lay in valid_layouts(tiny, 4)}
+    got = {(lay.dp, lay.tp, lay.pp) for lay in layouts(tiny, 4)}
     assert got == {(4, 1, 1), (2, 2, 1), (1, 4, 1), (2, 1, 2), (1, 2, 2)}
-    assert {(lay.dp, lay.tp, lay.pp) for lay in valid_layouts(tiny, 3)} == {(3, 1, 1)}
+    assert {(lay.dp, lay.tp, lay.pp) for lay in layouts(tiny, 3)} == {(3, 1, 1)}
     with pytest.raises(PTCError, match="heads"):
         Layout(1, 3, 1).check(tiny)
     with pytest.raises(LayoutError, match="needs 4 ranks"):
         Layout(2, 2, 1).check(tiny, world=2)
     with pytest.raises(LayoutError, match="tied"):
         Layout(1, 2, 1).check(replace(tiny, tied=True))
+    Layout(1, 2, 1).check(replace(tiny, tied=True), reference=False)  # the architecture allows it
+    assert Layout(2, 1, 2) not in layouts(tiny, 4, global_batch=3)  # dp must divide the global batch
+    assert Layout(1, 1, 3) not in layouts(preset("small"), 3, even_stages=True)  # 4 layers in 3 stages
+    assert Layout(1, 1, 3) in layouts(preset("small"), 3)
+    with pytest.raises(LayoutError, match="looks like"):
+        Layout.from_dict({"dp": "two"})
+    assert Layout.from_dict(Layout(2, 1, 2, True).to_dict()) == Layout(2, 1, 2, True)
     with pytest.raises(PTCError, match="tied"):
         GPT(replace(tiny, tied=True)).keep_stage(2, 0)

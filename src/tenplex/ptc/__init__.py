@@ -4,7 +4,8 @@ from .box import Box, chunk_bounds
 from .collection import PTC, LocalShard, TensorMeta
 from .dtypes import ITEM_SIZE, item_size
 from .errors import PTCError, TenplexError
-from .gpt import PRESETS, GPTConfig, check_layout, gpt_ptc, preset, stage_layers, stage_of_layer
+from .gpt import PRESETS, GPTConfig, gpt_ptc, preset, stage_layers, stage_of_layer
+from .layout import Layout, LayoutError, check_layout, layouts
 from .mesh import Mesh, device_id
 from .placement import PIPELINE_AXIS, AnyPlacement, Explicit, Piece, Placement, Replicate, Shard
 
@@ -17,6 +18,8 @@ __all__ = [
     "Box",
     "Explicit",
     "GPTConfig",
+    "Layout",
+    "LayoutError",
     "LocalShard",
     "Mesh",
     "PTCError",
@@ -31,6 +34,7 @@ __all__ = [
     "device_id",
     "gpt_ptc",
     "item_size",
+    "layouts",
     "preset",
     "stage_layers",
     "stage_of_layer",

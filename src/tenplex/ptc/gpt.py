@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from .collection import PTC, TensorMeta
 from .errors import PTCError
+from .layout import check_layout
 from .mesh import Mesh
 from .placement import Placement
 
@@ -87,17 +88,6 @@ def stage_layers(layers: int, pp: int, stage: int) -> range:
 
 def stage_of_layer(layers: int, pp: int, layer: int) -> int:
     return next(s for s in range(pp) if layer in stage_layers(layers, pp, s))
-
-
-def check_layout(cfg: GPTConfig, dp: int, tp: int, pp: int) -> None:
-    """Raise a one-line error when the model cannot be laid out as (dp, tp, pp)."""
-    for name, v in (("dp", dp), ("tp", tp), ("pp", pp)):
-        if not isinstance(v, int) or v < 1:
-            raise PTCError(f"{name} must be a positive integer, got {v!r}")
-    if cfg.heads % tp:
-        raise PTCError(f"tp={tp} does not divide the model's {cfg.heads} attention heads")
-    if pp > cfg.layers:
-        raise PTCError(f"pp={pp} is more than the model's {cfg.layers} layers")
 
 
 def param_shapes(cfg: GPTConfig) -> Iterator[tuple[str, tuple[int, ...], dict[str, int], str]]:

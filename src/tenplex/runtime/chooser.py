@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy.optimize import nnls
 
-from ..ptc import GPTConfig, PTCError, check_layout, preset
-from ..train.layout import Layout
+from ..ptc import GPTConfig, PTCError, preset
+from ..ptc.layout import Layout, layouts
 
 FEATURES = ("constant", "compute", "tp_comm", "tp_calls", "dp_comm", "pp_comm", "processes")
 
@@ -99,22 +100,7 @@ class CostModel:
             ]
         )
         y = np.array([r["step_time_s"] for r in rows])
-        return cls(_nnls(X / y[:, None], np.ones(len(y))), cores)  # relative error: each row counts alike
-
-
-def _nnls(A: np.ndarray, b: np.ndarray, iters: int = 50) -> np.ndarray:
-    """Least squares with non-negative coefficients by an active-set loop (small problems only)."""
-    active = np.ones(A.shape[1], bool)
-    x = np.zeros(A.shape[1])
-    for _ in range(iters):
-        sol, *_ = np.linalg.lstsq(A[:, active], b, rcond=None)
-        if (sol >= 0).all():
-            x[:] = 0
-            x[active] = sol
-            return x
-        idx = np.flatnonzero(active)
-        active[idx[np.argmin(sol)]] = False
-    return x
+        return cls(nnls(X / y[:, None], np.ones(len(y)))[0], cores)  # relative error: each row counts alike
 
 
 CALIBRATION_ENV = "TENPLEX_CALIBRATION"
@@ -144,18 +130,24 @@ def calibration_rows(data: dict) -> list[dict]:
     return out
 
 
-def self_check(model: CostModel, rows: list[dict]) -> list[dict]:
-    """Per (model, devices) of the calibration benchmark: the layout the cost model picks, and its measured
-    step time against the best measured one (1.0: the model picked the fastest)."""
+def self_check(rows: list[dict], cores: int) -> list[dict]:
+    """Per (model, devices) of the calibration benchmark, judged leave-one-out: the cost model is fitted to
+    every other group's rows, picks a layout for this one, and the pick's measured step time is set
+    against the best measured one (1.0: the model picked the fastest). A model judged on the rows it was
+    fitted on would look better than it predicts."""
     groups: dict[tuple[str, int], list[dict]] = {}
     for r in rows:
         groups.setdefault((r["model"], r["world"]), []).append(r)
     out = []
     for (name, world), rs in groups.items():
+        model = CostModel.fit([r for r in rows if (r["model"], r["world"]) != (name, world)], cores)
         pick = min(
             rs,
             key=lambda r: model.seconds(
-                preset(r["model"]), Layout(r["dp"], r["tp"], r["pp"]), r["global_batch"], r["micro_batch"]
+                preset(r["model"]),
+                Layout(r["dp"], r["tp"], r["pp"], r.get("fsdp", False)),
+                r["global_batch"],
+                r["micro_batch"],
             ),
         )
         best = min(r["step_time_s"] for r in rs)
@@ -171,35 +163,15 @@ def default_model() -> CostModel:
     return CostModel.fit(calibration_rows(data), data["cores"])
 
 
-def _layouts(cfg: GPTConfig, devices: int) -> list[Layout]:
-    """Every (dp, tp, pp) of `devices` that the architecture allows (tp divides the heads, pp the layers)."""
-    out = []
-    for tp in range(1, devices + 1):
-        for pp in range(1, devices // tp + 1):
-            if devices % (tp * pp) == 0:
-                try:
-                    check_layout(cfg, devices // (tp * pp), tp, pp)
-                except PTCError:
-                    continue
-                out.append(Layout(devices // (tp * pp), tp, pp))
-    return out
-
-
 def candidates(
     cfg: GPTConfig, devices: int, global_batch: int, micro_batch: int = 0, device_memory: int | None = None
 ) -> list[Layout]:
-    """Layouts the model, the batch and the memory allow: heads % tp, layers % pp, global batch % dp."""
-    out = []
-    for lay in _layouts(cfg, devices):
-        if cfg.layers % lay.pp or global_batch % lay.dp:
-            continue
-        if (
-            device_memory is not None
-            and memory_per_device(cfg, lay, global_batch, micro_batch) > device_memory
-        ):
-            continue
-        out.append(lay)
-    return out
+    """Layouts the architecture, the batch and the memory allow (heads % tp, layers % pp, batch % dp)."""
+    return [
+        lay
+        for lay in layouts(cfg, devices, reference=False, global_batch=global_batch, even_stages=True)
+        if device_memory is None or memory_per_device(cfg, lay, global_batch, micro_batch) <= device_memory
+    ]
 
 
 def rank_layouts(
@@ -257,18 +229,10 @@ def choose(
             return chosen
     ranked = rank_layouts(model, devices, global_batch, micro_batch, device_memory)
     # the architecture allows more than the reference workload runs (tied embeddings: tp = pp = 1)
-    runnable = [e.layout for e in ranked if _runs(e.layout, preset(model), devices)]
+    runnable = [e.layout for e in ranked if e.layout.allowed(preset(model), devices)]
     if not runnable:
         raise ChooserError(
             f"no layout of {model} fits {devices} devices with global batch {global_batch}"
             + (f" and {device_memory} bytes per device" if device_memory else "")
         )
     return runnable[0]
-
-
-def _runs(layout: Layout, cfg: GPTConfig, devices: int) -> bool:
-    try:
-        layout.check(cfg, devices)
-        return True
-    except PTCError:
-        return False

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ..ptc import TenplexError
+from ..ptc.layout import Layout
 from ..train.config import TrainConfig
-from ..train.layout import Layout
 from ..util import free_port
 from .chooser import ChooserError, choose
 from .cluster import Cluster

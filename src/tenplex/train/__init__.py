@@ -1,7 +1,7 @@
 """The reference workload: a GPT trained with tp, pp and dp (or FSDP) on torch.distributed.
 
-Names are loaded lazily, so `tenplex.train.config` / `.layout` (flags, layouts) stay torch-free and the CLI
-starts fast; `tenplex.data.sampler` never imports torch.
+Names are loaded lazily, so `tenplex.train.config` (flags) stays torch-free and the CLI starts fast (layouts
+are `tenplex.ptc.layout`); `tenplex.data.sampler` never imports torch.
 """
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ from typing import Any
 
 _EXPORTS = {
     "GPT": "model",
-    "Layout": "layout",
-    "LayoutError": "layout",
-    "valid_layouts": "layout",
+    "Layout": "tenplex.ptc.layout",
+    "LayoutError": "tenplex.ptc.layout",
     "TrainConfig": "config",
     "Trainer": "worker",
     "run_worker": "worker",
@@ -31,4 +30,5 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+    module = _EXPORTS[name]
+    return getattr(import_module(module if "." in module else f"{__name__}.{module}"), name)

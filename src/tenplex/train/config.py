@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from ..data.sampler import ElasticSampler, split_bounds
 from ..ptc import GPTConfig, preset
-from .layout import Layout, LayoutError
+from ..ptc.layout import Layout, LayoutError
 
 
 @dataclass

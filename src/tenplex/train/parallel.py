@@ -18,7 +18,7 @@ from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from ..ptc import GPTConfig
-from .layout import Layout
+from ..ptc.layout import Layout
 from .model import GPT
 
 AXES = ("pp", "dp", "tp")

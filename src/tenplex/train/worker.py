@@ -29,8 +29,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..data import Corpus, CorpusError, ElasticSampler, TokenWindows, build_corpus, split_bounds
+from ..ptc.layout import LayoutError
 from .config import TrainConfig, add_train_args, config_from_args
-from .layout import LayoutError
 from .metrics import MetricsWriter, StepMetrics
 from .optim import build_optimizer, build_scheduler
 from .parallel import allreduce_grads, build_mesh, build_model, coords, scale_grads

@@ -478,7 +478,7 @@ def test_a_commit_naming_its_blobs_drops_the_leftovers_of_an_abandoned_attempt(s
 
 
 def test_the_api_describes_itself_as_openapi(store):
-    from tenplex.store.daemon import ROUTES
+    from tenplex.store.routes import ROUTES
 
     doc = store.client().request("GET", "/v1/openapi.json")
     assert doc["openapi"].startswith("3.1")

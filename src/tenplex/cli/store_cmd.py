@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..store.daemon import add_arguments, run
+from ..store.main import add_arguments, run
 from ..util import human_bytes, print_table
 from .args import add_store_args, store_client
 

@@ -7,32 +7,18 @@ and verified on every read, on whichever side touches the bytes.
 
 from __future__ import annotations
 
-import json
-import os
-import struct
-import threading
-import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
-from urllib.parse import quote, urlsplit
+from typing import Any
+from urllib.parse import quote
 
 import numpy as np
 
-from ..ptc import ITEM_SIZE, Box
+from ..ptc import Box
 from .boxio import as_bytes, copy_box
 from .checksum import CHUNK, chunk_digests, chunks, digest
-from .datasets import gather, token_windows
-from .errors import (
-    BadRequestError,
-    ChecksumError,
-    ConflictError,
-    NotFoundError,
-    StoreError,
-    StoreUnavailable,
-    error_from_payload,
-)
+from .dataset_client import DatasetClient
+from .errors import BadRequestError, ChecksumError, ConflictError, NotFoundError, StoreError
 from .keys import (
     NUMPY_DTYPE,
     check_dtype,
@@ -44,24 +30,17 @@ from .keys import (
     check_step,
     dtype_name_of,
 )
-from .protocol import Closed, Conn, connect, content_length, json_body
-from .shm import host_id, map_file
+from .shm import map_file
+from .transport import DEFAULT_PORT, DEFAULT_URL, into
 
-DEFAULT_PORT = 7311
-DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
-PREAMBLE = struct.Struct("<Q")  # length of the JSON part description that precedes raw read bodies
-MAX_MAPS = 1024  # blob mappings a client keeps open for repeated same-host reads
-T = TypeVar("T")
+__all__ = ["DEFAULT_PORT", "DEFAULT_URL", "StoreClient", "read_many"]
 
 BoxRequest = tuple[str, Box, np.ndarray]  # (blob name, box, out)
 
 
-def default_url() -> str:
-    return os.environ.get("TENPLEX_STORE", DEFAULT_URL)
-
-
-class StoreClient:
-    """Client of one store daemon. Thread-safe: concurrent calls use separate pooled connections."""
+class StoreClient(DatasetClient):
+    """Client of one store daemon: versions, blobs, relay (here), datasets (`DatasetClient`), pooled
+    connections with retries (`Transport`). Thread-safe: concurrent calls use separate connections."""
 
     def __init__(
         self,
@@ -71,101 +50,8 @@ class StoreClient:
         timeout: float = 120.0,
         retries: int = 3,
     ) -> None:
-        self.url = (url or default_url()).rstrip("/")
-        parts = urlsplit(self.url)
-        if parts.scheme != "http" or not parts.hostname or parts.path not in ("", "/"):
-            raise BadRequestError(f"store URL must look like http://HOST:PORT, got {self.url!r}")
-        self.host, self.port = parts.hostname, parts.port or DEFAULT_PORT
-        self.token = token if token is not None else os.environ.get("TENPLEX_STORE_TOKEN")
-        self.timeout, self.retries = timeout, retries
-        self._local = local
-        self._pool: list[Conn] = []
-        self._lock = threading.Lock()
-        self._maps: OrderedDict[tuple[str, int, bool], Any] = OrderedDict()
+        super().__init__(url, token, local, timeout, retries)
         self._allocated: dict[tuple[str, int, str], Any] = {}
-
-    def __repr__(self) -> str:
-        return f"StoreClient({self.url!r}, local={self._local})"
-
-    # ------------------------------------------------------------------ transport
-
-    def _conn(self) -> Conn:
-        with self._lock:
-            if self._pool:
-                return self._pool.pop()
-        return connect(self.host, self.port, self.timeout)
-
-    def _give_back(self, conn: Conn) -> None:
-        with self._lock:
-            self._pool.append(conn)
-
-    def close(self) -> None:
-        """Close pooled connections and cached mappings (the client stays usable)."""
-        with self._lock:
-            pool, self._pool = self._pool, []
-            self._maps.clear()
-        for c in pool:
-            c.close()
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        payload: Any = None,
-        body: Sequence[memoryview] | None = None,
-        reader: Callable[[Conn, dict[str, str], int], T] | None = None,
-    ) -> Any:
-        """One HTTP exchange; retried with backoff when the connection fails (all store requests are
-        idempotent). `reader` consumes a 200 response body itself; otherwise the JSON body is returned."""
-        data = json_body(payload) if payload is not None else b""
-        length = sum(len(b) for b in body) if body is not None else len(data)
-        headers = {"Host": f"{self.host}:{self.port}", "Content-Length": str(length)}
-        if payload is not None:
-            headers["Content-Type"] = "application/json"
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        start = f"{method} {path} HTTP/1.1"
-        for attempt in range(self.retries + 1):
-            conn: Conn | None = None
-            try:
-                conn = self._conn()
-                if body is None:
-                    conn.send_head(start, headers, data)
-                else:
-                    conn.send_head(start, headers)
-                    for piece in body:
-                        conn.send(piece)
-                status, rh = conn.read_head()
-                n = content_length(rh)
-                if status.split(" ", 2)[1:2] == ["200"] and reader is not None:
-                    result = reader(conn, rh, n)
-                else:
-                    result = conn.read_json(n)
-                    code = int(status.split(" ", 2)[1])
-                    if code != 200:
-                        if rh.get("connection", "").lower() == "close":
-                            conn.close()
-                        else:
-                            self._give_back(conn)
-                        conn = None
-                        raise error_from_payload(code, result)
-                if rh.get("connection", "").lower() == "close":
-                    conn.close()
-                else:
-                    self._give_back(conn)
-                return result
-            except StoreError as e:
-                if conn is not None:
-                    conn.close()
-                if not isinstance(e, StoreUnavailable) or attempt == self.retries:
-                    raise
-            except (OSError, Closed, ValueError, IndexError) as e:
-                if conn is not None:
-                    conn.close()
-                if attempt == self.retries:
-                    raise StoreUnavailable(f"{self.url}: {method} {path} failed: {e!r}") from e
-            time.sleep(0.05 * 4**attempt)
-        raise AssertionError("unreachable")
 
     @staticmethod
     def _vpath(job: str, step: int) -> str:
@@ -176,19 +62,8 @@ class StoreClient:
 
     # ------------------------------------------------------------------ control
 
-    def health(self) -> dict[str, Any]:
-        return self.request("GET", "/v1/health")
-
     def stats(self) -> dict[str, Any]:
         return self.request("GET", "/v1/stats")
-
-    @property
-    def is_local(self) -> bool:
-        """Whether the daemon shares this machine's memory (decided once, from its health answer)."""
-        if self._local is None:
-            h = self.health()
-            self._local = h.get("host_id") == host_id() and os.path.isdir(str(h.get("shm_dir")))
-        return self._local
 
     def jobs(self) -> list[str]:
         return self.request("GET", "/v1/jobs")["jobs"]
@@ -346,9 +221,7 @@ class StoreClient:
                 self._copy_local(by_name[name], box, out, f"{job}@{step}/{name}")
             return
         payload = {"boxes": [{"name": n, "box": b.to_json()} for n, b, _ in requests]}
-        self.request(
-            "POST", f"{self._vpath(job, step)}/read", payload, reader=_into([r[2] for r in requests])
-        )
+        self.request("POST", f"{self._vpath(job, step)}/read", payload, reader=into([r[2] for r in requests]))
 
     def _copy_local(self, info: dict[str, Any], box: Box, out: np.ndarray, what: str) -> None:
         check_inside(box, tuple(info["shape"]))
@@ -358,19 +231,9 @@ class StoreClient:
         copy_box(self._map(info), info["digests"], info["dtype"], tuple(info["shape"]), box, dst, what)
 
     def _map(self, info: dict[str, Any], writable: bool = False) -> memoryview:
-        """A cached mapping of a blob file: the daemon recycles files of freed blobs for new blobs of the same
-        size, so a periodic writer or reader maps each file once (mapping costs about as much as copying)."""
+        """A cached mapping of a blob file (see `mappings`)."""
         key = (info["path"], info["nbytes"], writable)
-        with self._lock:
-            mem = self._maps.get(key)
-            if mem is not None:
-                self._maps.move_to_end(key)
-        if mem is None:
-            mem = map_file(info["path"], info["nbytes"], writable=writable)
-            with self._lock:
-                self._maps[key] = mem
-                while len(self._maps) > MAX_MAPS:
-                    self._maps.popitem(last=False)
+        mem = self.maps.get(key, lambda: map_file(info["path"], info["nbytes"], writable=writable))
         return memoryview(mem)
 
     def fetch_remote(
@@ -392,116 +255,12 @@ class StoreClient:
                 info, Box.full(tuple(info["shape"])), out, f"relay {peer_url} {job}@{step}/{name}"
             )
         else:
-            self.request("POST", "/v1/relay", payload, reader=_into([out]))
-
-    # ------------------------------------------------------------------ dataset views
-
-    def register_dataset(
-        self, name: str, corpus_dir: str | os.PathLike, split: str = "train", *, seq: int
-    ) -> dict:
-        """Have the store map `corpus_dir` (a `build_corpus` directory *on the store's host*; made absolute
-        here) read-only under `name`; returns its info (tokens, num_samples, ...). Re-registering replaces."""
-        payload = {"corpus_dir": os.path.abspath(os.fspath(corpus_dir)), "split": split, "seq": seq}
-        return self.request("POST", f"/v1/datasets/{check_job(name)}", payload)
-
-    def datasets(self) -> list[dict[str, Any]]:
-        return self.request("GET", "/v1/datasets")["datasets"]
-
-    def dataset_info(self, name: str) -> dict[str, Any]:
-        return self.request("GET", f"/v1/datasets/{check_job(name)}")
-
-    def drop_dataset(self, name: str) -> None:
-        self.request("DELETE", f"/v1/datasets/{check_job(name)}")
-
-    def dataset_ids(
-        self, name: str, sampler_state: dict[str, int], dp: int, rank: int, steps: int = 1
-    ) -> list[np.ndarray]:
-        """Rank `rank` of `dp`'s sample ids for the next `steps` global batches from the position in
-        `sampler_state` (`ElasticSampler.state_dict()`), as the store's `ElasticSampler` computes them."""
-        payload = {"sampler": {k: int(v) for k, v in dict(sampler_state).items()}, "dp": dp, "rank": rank,
-                   "steps": steps}  # fmt: skip
-        ids = self.request("POST", f"/v1/datasets/{check_job(name)}/ids", payload)["ids"]
-        return [np.asarray(step, dtype=np.int64) for step in ids]
-
-    def read_samples(self, name: str, ids: Sequence[int] | np.ndarray, out: np.ndarray) -> None:
-        """Token windows `ids` ([n, seq+1], sample i = tokens[i*seq : i*seq+seq+1]) into `out` (C-contiguous,
-        the corpus dtype). Same host: gathered straight from this process's read-only map of the corpus file;
-        otherwise the store sends the raw bytes."""
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        if not isinstance(out, np.ndarray) or out.ndim != 2 or out.shape[0] != len(ids):
-            raise BadRequestError(f"out must be an array of shape [{len(ids)}, seq+1]")
-        if self.is_local:
-            info = self.dataset_info(name)
-            check_out(out, info["dtype"], Box.full((len(ids), info["seq"] + 1)))
-            if ids.size and (ids.min() < 0 or ids.max() >= info["num_samples"]):
-                raise BadRequestError(
-                    f"sample ids out of range [0, {info['num_samples']}) of dataset {name!r}"
-                )
-            win = token_windows(self._corpus_map(info), info["seq"], info["num_samples"])
-            gather(win, ids, out.view(NUMPY_DTYPE[info["dtype"]]))
-            return
-        self.request(
-            "POST", f"/v1/datasets/{check_job(name)}/read", {"ids": ids.tolist()}, reader=_into([out])
-        )
-
-    def rank_samples(
-        self, name: str, sampler_state: dict[str, int], dp: int, rank: int, steps: int = 1
-    ) -> list[np.ndarray]:
-        """`dataset_ids` then `read_samples`: rank `rank`'s token windows of the next `steps` batches."""
-        info = self.dataset_info(name)
-        dtype, seq = NUMPY_DTYPE[info["dtype"]], info["seq"]
-        out = []
-        for ids in self.dataset_ids(name, sampler_state, dp, rank, steps):
-            out.append(np.empty((len(ids), seq + 1), dtype=dtype))
-            self.read_samples(name, ids, out[-1])
-        return out
-
-    def _corpus_map(self, info: dict[str, Any]) -> np.ndarray:
-        """A cached read-only map of a corpus token file (corpus directories are immutable once built)."""
-        key = (info["path"], info["nbytes"], False)
-        with self._lock:
-            mem = self._maps.get(key)
-        if mem is None:
-            if os.path.getsize(info["path"]) != info["nbytes"]:
-                raise StoreError(f"{info['path']} changed size since the store registered it")
-            mem = np.memmap(info["path"], dtype=NUMPY_DTYPE[info["dtype"]], mode="r", shape=(info["tokens"],))
-            with self._lock:
-                self._maps[key] = mem
-                while len(self._maps) > MAX_MAPS:
-                    self._maps.popitem(last=False)
-        return mem
+            self.request("POST", "/v1/relay", payload, reader=into([out]))
 
     def drop_relay(self, job: str, step: int) -> int:
         """Free the relay cache entries of (job, step); returns how many were dropped."""
         payload = {"job": check_job(job), "step": check_step(step)}
         return self.request("POST", "/v1/relay/drop", payload)["dropped"]
-
-
-def _into(outs: list[np.ndarray]) -> Callable[[Conn, dict[str, str], int], None]:
-    """A response reader that receives the raw parts of a read straight into `outs`."""
-
-    def read(conn: Conn, headers: dict[str, str], length: int) -> None:
-        head = bytearray(PREAMBLE.size)
-        conn.read_into(memoryview(head))
-        (n,) = PREAMBLE.unpack(head)
-        meta = json.loads(conn.read_bytes(n))
-        left = length - PREAMBLE.size - n
-        try:
-            views = []
-            for part, out in zip(meta["parts"], outs, strict=True):
-                dt = part["dtype"]
-                if dt not in ITEM_SIZE:
-                    raise StoreError(f"store answered with unknown dtype {dt!r}")
-                views.append(as_bytes(check_out(out, dt, Box.full(tuple(out.shape)))))
-                if len(views[-1]) != part["nbytes"]:
-                    raise StoreError(f"store answered {part['nbytes']} bytes for a {len(views[-1])}-byte box")
-        except StoreError:
-            conn.drain(left)
-            raise
-        for v in views:
-            conn.read_into(v)
-
-    return read
 
 
 def read_many(

@@ -9,6 +9,10 @@ same-host client, by telling it the token file so that it gathers straight from 
 
 Sample i is tokens[i*seq : i*seq + seq + 1], as in `TokenWindows`.
 
+Dependency: this module imports `tenplex.data` (the corpus format version and `ElasticSampler`, the one
+definition of the sample order). `store` and `data` are one layer (DESIGN.md); the arrow is one-way:
+`data` never imports `store`. Both are torch-free.
+
 Trust model: the corpus directory is a path on the daemon's host and registering it is a request like any
 other (it needs the bearer token, which is mandatory when the store listens off loopback). The daemon only
 ever maps `<dir>/<split>.bin`, and only when `<dir>/meta.json` is a corpus description as `build_corpus`

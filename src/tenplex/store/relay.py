@@ -9,23 +9,23 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from .boxio import blob_array
-from .catalog import Blob
+from .catalog import Blob, Catalog
 from .checksum import chunk_digests
 from .client import StoreClient
 from .keys import check_box, check_job, check_name, check_step
-
-if TYPE_CHECKING:
-    from .daemon import Daemon
 
 Key = tuple[str, str, int, str, str]
 
 
 class RelayCache:
-    def __init__(self, daemon: Daemon) -> None:
-        self.d = daemon
+    """Relayed pieces in `catalog`'s memory, fetched with clients made by `connect(peer_url)`."""
+
+    def __init__(self, catalog: Catalog, connect: Callable[[str], StoreClient]) -> None:
+        self.catalog, self.connect = catalog, connect
         self.blobs: dict[Key, Blob] = {}
         self._pending: dict[Key, threading.Event] = {}
         self._clients: dict[str, StoreClient] = {}
@@ -63,18 +63,18 @@ class RelayCache:
         with self._lock:
             c = self._clients.get(peer)
             if c is None:
-                c = self._clients[peer] = StoreClient(peer, token=self.d.token, local=False)
+                c = self._clients[peer] = self.connect(peer)
             return c
 
     def _fetch(self, peer: str, job: str, step: int, name: str, box: Any) -> Blob:
         c = self._client(peer)
         info = c.blob_info(job, step, name)
         b = check_box(box, tuple(info["shape"]))
-        blob = self.d.catalog.new_blob(f"relay {peer} {job}@{step}/{name}", info["dtype"], b.shape)
+        blob = self.catalog.new_blob(f"relay {peer} {job}@{step}/{name}", info["dtype"], b.shape)
         try:
             c.read_box(job, step, name, b, blob_array(memoryview(blob.mem), blob.dtype, blob.shape))
         except BaseException:
-            self.d.catalog.drop(blob)
+            self.catalog.drop(blob)
             raise
         blob.digests = chunk_digests(memoryview(blob.mem))
         blob.sealed = True
@@ -86,7 +86,7 @@ class RelayCache:
             keys = [k for k in self.blobs if k[1] == job and (step is None or k[2] == step)]
             gone = [self.blobs.pop(k) for k in keys]
         for b in gone:
-            self.d.catalog.drop(b)
+            self.catalog.drop(b)
         return len(gone)
 
     def close(self) -> None:

@@ -7,17 +7,17 @@ copy, so the state of a lost host can still be found.
 
 from __future__ import annotations
 
-import sys
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
+from ..util import logs
+from .catalog import Catalog, Version
 from .checksum import chunks
 from .client import StoreClient
 from .errors import StoreError
+from .transport import parse_url
 
-if TYPE_CHECKING:
-    from .catalog import Version
-    from .daemon import Daemon
+log = logs.get("store")
 
 
 def ring_targets(me: str, peers: list[str], replicas: int) -> list[str]:
@@ -30,17 +30,27 @@ def ring_targets(me: str, peers: list[str], replicas: int) -> list[str]:
 
 
 class Replicator:
-    def __init__(self, daemon: Daemon, peers: list[str], replicas: int) -> None:
-        self.d = daemon
+    """Pushes committed versions of `catalog` (this store, `url`) to its ring targets, with clients made by
+    `connect(peer_url)`."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        url: str,
+        connect: Callable[[str], StoreClient],
+        peers: list[str],
+        replicas: int,
+    ) -> None:
+        self.catalog, self.url, self.connect = catalog, url, connect
         self.configure(peers, replicas)
         self._threads: dict[tuple[str, int], threading.Thread] = {}
         self._lock = threading.Lock()
 
     def configure(self, peers: list[str], replicas: int) -> None:
         for p in peers:
-            StoreClient(p)  # validates the URL
+            parse_url(p)
         self.peers, self.replicas = list(peers), replicas
-        self.targets = ring_targets(self.d.url, self.peers, replicas)
+        self.targets = ring_targets(self.url, self.peers, replicas)
 
     def start(self, job: str, step: int, v: Version) -> None:
         if not self.targets:
@@ -60,24 +70,24 @@ class Replicator:
     def _push(self, job: str, step: int, v: Version, targets: list[str]) -> None:
         try:
             for peer in targets:
-                c = StoreClient(peer, token=self.d.token, local=False)
+                c = self.connect(peer)
                 try:
                     c.create_version(job, step)
                     own = [b for b in list(v.blobs.values()) if b.origin is None]  # not copies of a peer's
-                    me = self.d.url
+                    me = self.url
                     for b in own:
                         pieces = chunks(memoryview(b.mem))
                         c.put_raw(job, step, b.name, b.dtype, b.shape, pieces, b.digests, replica_of=me)
-                    c.commit(job, step, v.manifest, replica_of=self.d.url)
+                    c.commit(job, step, v.manifest, replica_of=self.url)
                 finally:
                     c.close()
-                with self.d.catalog.lock:
+                with self.catalog.lock:
                     for blob in own:
                         blob.copies.append(peer)
             v.replication = "done"
         except (StoreError, OSError, ValueError) as e:
             v.replication = f"failed: {e}"
-            print(f"tenplex store: replication of {job}@{step} failed: {e}", file=sys.stderr)
+            log.warning("replication of %s@%d failed: %s", job, step, e)
         finally:
             with self._lock:
                 self._threads.pop((job, step), None)

@@ -1,0 +1,101 @@
+"""The store daemon's process entry: `python -m tenplex.store` (and `tenplex store`) arguments, run, main.
+
+The ready line on stdout (`tenplex store listening on URL (pid N)`) is the interface `process.start_store`
+and the runtime parse; everything else the daemon says goes to the `tenplex` logger (stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import signal
+import sys
+
+from ..util import SizeError, parse_size, read_token
+from .daemon import Daemon
+from .errors import BadRequestError, StoreError
+from .routes import ROUTES
+from .transport import DEFAULT_PORT
+
+
+class _Shutdown(BaseException):
+    """Raised in the main thread by SIGTERM/SIGINT to leave the accept loop."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def load_token(path: str | None, required: bool) -> str | None:
+    """The bearer token from `path` (or the per-user file when one is required); created 0600 if missing."""
+    if path is None and not required:
+        return None
+    try:
+        return read_token(path, create=True)
+    except ValueError as e:
+        raise BadRequestError(str(e)) from None
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except SizeError as e:
+        raise BadRequestError(str(e)) from None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any free)"
+    )
+    p.add_argument("--memory-limit", default="16GiB", help="most blob bytes held (default 16GiB)")
+    p.add_argument("--token-file", default=None,
+                   help="bearer token file (required off loopback; generated 0600 if missing)")  # fmt: skip
+    p.add_argument("--peers", default="", help="comma-separated store URLs of the replication ring")
+    p.add_argument("--replicas", type=int, default=0, help="copies of each committed blob on the next peers")
+    p.add_argument("--advertise", default=None, help="this store's URL as peers know it")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start a daemon from parsed arguments, print the ready line, serve until SIGTERM/SIGINT."""
+    if not 0 <= args.port < 65536 or args.replicas < 0:
+        raise BadRequestError("port must be 0..65535 and replicas >= 0")
+    token = load_token(args.token_file, required=not is_loopback(args.host))
+    peers = [p.strip().rstrip("/") for p in args.peers.split(",") if p.strip()]
+    d = Daemon(
+        ROUTES, args.host, args.port, _size(args.memory_limit), token, peers, args.replicas, args.advertise
+    )
+
+    def stop(signum: int, frame: object) -> None:
+        raise _Shutdown
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        print(f"tenplex store listening on {d.url} (pid {os.getpid()})", flush=True)
+        d.serve_forever()
+    except _Shutdown:
+        pass
+    finally:
+        d.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m tenplex.store", description="The tenplex tensor store daemon."
+    )
+    add_arguments(p)
+    logging.basicConfig(level=logging.WARNING, format="tenplex store: %(levelname)s: %(message)s")
+    try:
+        return run(p.parse_args(argv))
+    except StoreError as e:
+        print(f"tenplex store: error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,285 @@
+"""The store's HTTP API: one handler per route, each taking the `Daemon` and the `Request`.
+
+`ROUTES` is the table the server dispatches on and the OpenAPI document (`GET /v1/openapi.json`) is
+generated from; the dataset routes come from `dataset_routes`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..ptc import Box
+from .catalog import Blob
+from .checksum import CHUNK, chunk_digests
+from .daemon import Daemon
+from .dataset_routes import DATASET_ROUTES
+from .errors import BadRequestError, NotFoundError, TooLargeError
+from .keys import check_box, check_dtype, check_job, check_name, check_shape, check_step
+from .server import Request, RouteTable
+from .shm import host_id
+
+MAX_BOXES = 4096  # boxes in one read request
+MAX_BLOBS_PER_COMMIT = 1 << 20  # names a commit may list
+PROTOCOL_VERSION = 1
+
+_table = RouteTable()
+route = _table.route
+_V = r"/v1/jobs/(?P<job>[^/]+)/versions/(?P<step>[^/]+)"
+
+
+@route("GET", r"/v1/health")
+def _health(d: Daemon, req: Request) -> dict[str, Any]:
+    """Liveness, protocol version, this store's URL, pid, host id and replication targets."""
+    return {"ok": True, "protocol": PROTOCOL_VERSION, "url": d.url, "pid": os.getpid(), "host_id": host_id(),
+            "shm_dir": d.arena.dir, "replicas": list(d.replicator.targets)}  # fmt: skip
+
+
+@route("GET", r"/v1/openapi.json")
+def _openapi(d: Daemon, req: Request) -> dict[str, Any]:
+    """This API as an OpenAPI 3.1 document."""
+    from .openapi import document
+
+    return document(d.routes, PROTOCOL_VERSION)
+
+
+@route("GET", r"/v1/stats")
+def _stats(d: Daemon, req: Request) -> dict[str, Any]:
+    """Memory, jobs, versions, blobs, datasets, requests, errors, bytes in and out, connections, RSS."""
+    c = d.catalog
+    with c.lock:
+        versions = [v for vs in c.jobs.values() for v in vs.values()]
+        out = {"memory_used": c.used, "memory_limit": c.limit, "memory_pooled": d.arena.pooled,
+               "jobs": len(c.jobs), "versions": len(versions),
+               "committed": sum(v.committed for v in versions), "blobs": sum(len(v.blobs) for v in versions),
+               "relay_blobs": len(d.relay.blobs), "datasets": len(d.datasets.items)}  # fmt: skip
+    out.update(d.connection_stats())
+    out["rss"] = _rss()
+    return out
+
+
+@route("GET", r"/v1/jobs")
+def _jobs(d: Daemon, req: Request) -> dict[str, Any]:
+    """The jobs this store holds."""
+    with d.catalog.lock:
+        return {"jobs": sorted(d.catalog.jobs)}
+
+
+@route("GET", r"/v1/jobs/(?P<job>[^/]+)")
+def _job(d: Daemon, req: Request) -> dict[str, Any]:
+    """One job's versions."""
+    job = req.job()
+    with d.catalog.lock:
+        versions = d.catalog.jobs.get(job)
+        if versions is None:
+            raise NotFoundError(f"unknown job {job!r}")
+        return {"job": job, "versions": [versions[s].info() for s in sorted(versions)]}
+
+
+@route("DELETE", r"/v1/jobs/(?P<job>[^/]+)")
+def _delete_job(d: Daemon, req: Request) -> dict[str, Any]:
+    """Delete a job with all its versions."""
+    job = req.job()
+    dropped = d.relay.drop(job, None)
+    try:
+        d.catalog.delete_job(job)
+    except NotFoundError:
+        if not dropped:
+            raise
+    return {"deleted": job}
+
+
+@route("POST", r"/v1/jobs/(?P<job>[^/]+)/retain")
+def _retain(d: Daemon, req: Request) -> dict[str, Any]:
+    """Keep the newest `keep` committed versions of a job, delete the rest."""
+    job, body = req.job(), req.json()
+    deleted = d.catalog.retain(job, body.get("keep"))
+    for s in deleted:
+        d.relay.drop(job, s)
+    return {"deleted": deleted}
+
+
+@route("POST", _V)
+def _create(d: Daemon, req: Request) -> dict[str, Any]:
+    """Create an uncommitted version (idempotent)."""
+    v = d.catalog.create_version(req.job(), req.step())
+    return v.info()
+
+
+@route("DELETE", _V)
+def _delete(d: Daemon, req: Request) -> dict[str, Any]:
+    """Delete a version."""
+    job, step = req.job(), req.step()
+    dropped = d.relay.drop(job, step)
+    try:
+        d.catalog.delete_version(job, step)
+    except NotFoundError:
+        if not dropped:
+            raise
+    return {"deleted": step}
+
+
+@route("POST", _V + r"/commit")
+def _commit(d: Daemon, req: Request) -> dict[str, Any]:
+    """Commit a version with its manifest, atomically (optionally naming the blobs that make it)."""
+    job, step, body = req.job(), req.step(), req.json()
+    replica_of = body.get("replica_of")
+    if replica_of is not None and not isinstance(replica_of, str):
+        raise BadRequestError("replica_of must be a URL")
+    blobs = body.get("blobs")
+    if blobs is not None:
+        if not isinstance(blobs, list) or len(blobs) > MAX_BLOBS_PER_COMMIT:
+            raise BadRequestError(f"blobs must be a list of at most {MAX_BLOBS_PER_COMMIT} names")
+        blobs = [check_name(n) for n in blobs]
+    v, new = d.catalog.commit(job, step, body.get("manifest"), replica_of, blobs)
+    if new:
+        with d.catalog.lock:
+            for b in v.blobs.values():
+                if b.origin is None:  # a replica's copies were set when it arrived
+                    b.copies = [d.url]
+    if new and replica_of is None:
+        d.replicator.start(job, step, v)
+    if body.get("wait_replicas"):
+        d.replicator.wait(job, step)
+    return v.info()
+
+
+@route("GET", _V + r"/manifest")
+def _manifest(d: Daemon, req: Request) -> dict[str, Any]:
+    """The manifest of a committed version."""
+    with d.catalog.lock:
+        v = d.catalog.version(req.job(), req.step(), committed=True)
+        return {"manifest": v.manifest, "replica_of": v.replica_of}
+
+
+@route("GET", _V + r"/blobs")
+def _blobs(d: Daemon, req: Request) -> dict[str, Any]:
+    """The blobs of a committed version: name, dtype, shape, size, copies."""
+    with d.catalog.lock:
+        v = d.catalog.version(req.job(), req.step(), committed=True)
+        return {"blobs": [v.blobs[n].info() for n in sorted(v.blobs)]}
+
+
+@route("GET", _V + r"/blobs/(?P<name>[^/]+)")
+def _blob(d: Daemon, req: Request) -> dict[str, Any]:
+    """One blob's metadata."""
+    return d.catalog.blob(req.job(), req.step(), req.name()).info()
+
+
+@route("PUT", _V + r"/blobs/(?P<name>[^/]+)")
+def _put(d: Daemon, req: Request) -> dict[str, Any]:
+    """Write a blob: raw C-order bytes, checksummed as they arrive."""
+    job, step, name = req.job(), req.step(), req.name()
+    try:
+        dtype = check_dtype(req.query["dtype"][0])
+        raw = req.query["shape"][0] if "shape" in req.query else ""
+        shape = check_shape(tuple(int(x) for x in raw.split(",")) if raw else ())
+    except (KeyError, ValueError):
+        raise BadRequestError("PUT needs ?dtype=NAME&shape=D0,D1,... (empty shape for a scalar)") from None
+    origin = req.query.get("replica_of", [None])[0]  # a peer's copy (replication)
+    if origin is None:
+        d.catalog.writable(job, step)
+    blob = d.receive_blob(req, name, dtype, shape)
+    if origin is not None:
+        blob.origin, blob.copies = origin, [origin, d.url]
+    d.catalog.put(job, step, blob)
+    return {"name": name, "nbytes": blob.nbytes, "digests": blob.digests}
+
+
+@route("POST", _V + r"/blobs/(?P<name>[^/]+)/allocate")
+def _allocate(d: Daemon, req: Request) -> dict[str, Any]:
+    """Allocate a blob in shared memory for a writer on this host."""
+    job, step, name, body = req.job(), req.step(), req.name(), req.json()
+    dtype, shape = check_dtype(body.get("dtype")), check_shape(body.get("shape"))
+    d.catalog.writable(job, step)
+    blob = d.catalog.new_blob(name, dtype, shape)
+    d.catalog.put(job, step, blob)
+    return {"path": blob.path, "nbytes": blob.nbytes}
+
+
+@route("POST", _V + r"/blobs/(?P<name>[^/]+)/seal")
+def _seal(d: Daemon, req: Request) -> dict[str, Any]:
+    """Declare an allocated blob written; its checksums are taken or given."""
+    job, step, name, body = req.job(), req.step(), req.name(), req.json()
+    blob = d.catalog.pending_blob(job, step, name)
+    digests = body.get("digests")
+    n_chunks = -(-blob.nbytes // CHUNK)
+    if digests is None:  # the writer did not hash: do it here
+        digests = chunk_digests(memoryview(blob.mem))
+    elif not (isinstance(digests, list) and len(digests) == n_chunks
+              and all(type(x) is int and 0 <= x < 2**64 for x in digests)):  # fmt: skip
+        raise BadRequestError(f"digests must be {n_chunks} unsigned 64-bit integers")
+    with d.catalog.lock:
+        blob.digests, blob.sealed = digests, True
+    return {"name": name, "nbytes": blob.nbytes}
+
+
+def _boxes(d: Daemon, job: str, step: int, body: dict[str, Any]) -> list[tuple[Blob, Box]]:
+    items = body.get("boxes")
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise BadRequestError('expected {"boxes": [{"name": ..., "box": [[start, stop], ...]}, ...]}')
+    if len(items) > MAX_BOXES:
+        raise TooLargeError(f"{len(items)} boxes in one request; at most {MAX_BOXES}")
+    out = []
+    for item in items:
+        blob = d.catalog.blob(job, step, check_name(item.get("name")))
+        out.append((blob, check_box(item.get("box"), blob.shape)))
+    return out
+
+
+@route("POST", _V + r"/read")
+def _read(d: Daemon, req: Request) -> None:
+    """Read many boxes of a version's blobs: a JSON preamble, then the raw bytes of each box."""
+    job, step = req.job(), req.step()
+    d.send_parts(req, _boxes(d, job, step, req.json()), f"{job}@{step}")
+
+
+@route("POST", _V + r"/locate")
+def _locate(d: Daemon, req: Request) -> dict[str, Any]:
+    """Where a version's blobs live in shared memory, with their checksums (same-host readers)."""
+    job, step, body = req.job(), req.step(), req.json()
+    names = body.get("names")
+    if not isinstance(names, list) or len(names) > MAX_BOXES:
+        raise BadRequestError(f'expected {{"names": [...]}} with at most {MAX_BOXES} names')
+    return {"blobs": [d.catalog.blob(job, step, check_name(n)).info(local=True) for n in names]}
+
+
+@route("POST", r"/v1/relay")
+def _relay(d: Daemon, req: Request) -> dict[str, Any] | None:
+    """Fetch a box from a remote store once and serve it to this host's ranks."""
+    body = req.json()
+    blob = d.relay.get(body)
+    if body.get("local"):
+        return blob.info(local=True)
+    d.send_parts(req, [(blob, Box.full(blob.shape))], "relay")
+    return None
+
+
+@route("POST", r"/v1/relay/drop")
+def _relay_drop(d: Daemon, req: Request) -> dict[str, Any]:
+    """Free a job's relayed boxes."""
+    body = req.json()
+    return {"dropped": d.relay.drop(check_job(body.get("job")), check_step(body.get("step")))}
+
+
+@route("POST", r"/v1/peers")
+def _peers(d: Daemon, req: Request) -> dict[str, Any]:
+    """Set the replication ring after start (stores on free ports learn each other's URLs late)."""
+    body = req.json()
+    peers, replicas = body.get("peers"), body.get("replicas")
+    if not (isinstance(peers, list) and all(isinstance(p, str) for p in peers) and type(replicas) is int
+            and replicas >= 0 and len(peers) <= 4096):  # fmt: skip
+        raise BadRequestError('expected {"peers": [URL, ...], "replicas": R}')
+    d.replicator.configure([p.rstrip("/") for p in peers], replicas)
+    return {"peers": d.replicator.peers, "targets": d.replicator.targets}
+
+
+def _rss() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+ROUTES = RouteTable([*_table, *DATASET_ROUTES])

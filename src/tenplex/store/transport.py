@@ -1,0 +1,187 @@
+"""The client's transport: one store URL, a pool of keep-alive connections, retries with backoff, and
+the daemon's JSON errors mapped back to the `StoreError` class it raised.
+
+Every store request is idempotent, so a request whose connection fails is retried; a response body is
+either JSON or read by the caller's `reader` straight into its memory (`into`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from ..ptc import ITEM_SIZE, Box
+from .boxio import as_bytes
+from .errors import BadRequestError, StoreError, StoreUnavailable, error_from_payload
+from .keys import check_out
+from .protocol import Closed, Conn, connect, content_length, json_body
+from .shm import host_id
+
+DEFAULT_PORT = 7311
+DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
+PREAMBLE = struct.Struct("<Q")  # length of the JSON part description that precedes raw read bodies
+T = TypeVar("T")
+Reader = Callable[[Conn, dict[str, str], int], T]
+
+
+def default_url() -> str:
+    return os.environ.get("TENPLEX_STORE", DEFAULT_URL)
+
+
+def parse_url(url: str) -> tuple[str, int]:
+    """(host, port) of a store URL `http://HOST:PORT`; BadRequestError for anything else."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port or DEFAULT_PORT
+    except ValueError:
+        port = -1
+    if parts.scheme != "http" or not parts.hostname or parts.path not in ("", "/") or port < 0:
+        raise BadRequestError(f"store URL must look like http://HOST:PORT, got {url!r}")
+    return parts.hostname, port
+
+
+class Transport:
+    """Pooled HTTP/1.1 exchanges with one store daemon. Thread-safe: concurrent calls use separate
+    connections."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        local: bool | None = None,
+        timeout: float = 120.0,
+        retries: int = 3,
+    ) -> None:
+        self.url = (url or default_url()).rstrip("/")
+        self.host, self.port = parse_url(self.url)
+        self.token = token if token is not None else os.environ.get("TENPLEX_STORE_TOKEN")
+        self.timeout, self.retries = timeout, retries
+        self._local = local
+        self._pool: list[Conn] = []
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r}, local={self._local})"
+
+    @property
+    def is_local(self) -> bool:
+        """Whether the daemon shares this machine's memory (decided once, from its health answer)."""
+        if self._local is None:
+            h = self.health()
+            self._local = h.get("host_id") == host_id() and os.path.isdir(str(h.get("shm_dir")))
+        return self._local
+
+    def health(self) -> dict[str, Any]:
+        return self.request("GET", "/v1/health")
+
+    def _conn(self) -> Conn:
+        with self._lock:
+            if self._pool:
+                return self._pool.pop()
+        return connect(self.host, self.port, self.timeout)
+
+    def _give_back(self, conn: Conn) -> None:
+        with self._lock:
+            self._pool.append(conn)
+
+    def close(self) -> None:
+        """Close pooled connections (the client stays usable)."""
+        with self._lock:
+            pool, self._pool = self._pool, []
+        for c in pool:
+            c.close()
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        payload: Any = None,
+        body: Sequence[memoryview] | None = None,
+        reader: Reader[T] | None = None,
+    ) -> Any:
+        """One HTTP exchange; retried with backoff when the connection fails (all store requests are
+        idempotent). `reader` consumes a 200 response body itself; otherwise the JSON body is returned."""
+        data = json_body(payload) if payload is not None else b""
+        length = sum(len(b) for b in body) if body is not None else len(data)
+        headers = {"Host": f"{self.host}:{self.port}", "Content-Length": str(length)}
+        if payload is not None:
+            headers["Content-Type"] = "application/json"
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        start = f"{method} {path} HTTP/1.1"
+        for attempt in range(self.retries + 1):
+            conn: Conn | None = None
+            try:
+                conn = self._conn()
+                if body is None:
+                    conn.send_head(start, headers, data)
+                else:
+                    conn.send_head(start, headers)
+                    for piece in body:
+                        conn.send(piece)
+                status, rh = conn.read_head()
+                n = content_length(rh)
+                if status.split(" ", 2)[1:2] == ["200"] and reader is not None:
+                    result = reader(conn, rh, n)
+                else:
+                    result = conn.read_json(n)
+                    code = int(status.split(" ", 2)[1])
+                    if code != 200:
+                        if rh.get("connection", "").lower() == "close":
+                            conn.close()
+                        else:
+                            self._give_back(conn)
+                        conn = None
+                        raise error_from_payload(code, result)
+                if rh.get("connection", "").lower() == "close":
+                    conn.close()
+                else:
+                    self._give_back(conn)
+                return result
+            except StoreError as e:
+                if conn is not None:
+                    conn.close()
+                if not isinstance(e, StoreUnavailable) or attempt == self.retries:
+                    raise
+            except (OSError, Closed, ValueError, IndexError) as e:
+                if conn is not None:
+                    conn.close()
+                if attempt == self.retries:
+                    raise StoreUnavailable(f"{self.url}: {method} {path} failed: {e!r}") from e
+            time.sleep(0.05 * 4**attempt)
+        raise AssertionError("unreachable")
+
+
+def into(outs: list[np.ndarray]) -> Reader[None]:
+    """A response reader that receives the raw parts of a read straight into `outs`."""
+
+    def read(conn: Conn, headers: dict[str, str], length: int) -> None:
+        head = bytearray(PREAMBLE.size)
+        conn.read_into(memoryview(head))
+        (n,) = PREAMBLE.unpack(head)
+        meta = json.loads(conn.read_bytes(n))
+        left = length - PREAMBLE.size - n
+        try:
+            views = []
+            for part, out in zip(meta["parts"], outs, strict=True):
+                dt = part["dtype"]
+                if dt not in ITEM_SIZE:
+                    raise StoreError(f"store answered with unknown dtype {dt!r}")
+                views.append(as_bytes(check_out(out, dt, Box.full(tuple(out.shape)))))
+                if len(views[-1]) != part["nbytes"]:
+                    raise StoreError(f"store answered {part['nbytes']} bytes for a {len(views[-1])}-byte box")
+        except StoreError:
+            conn.drain(left)
+            raise
+        for v in views:
+            conn.read_into(v)
+
+    return read

@@ -124,7 +124,56 @@ def _match_hosts(mesh: Mesh, roles: list[Role], on_host: list[Counter[str]], blo
             for _ in range(n):
                 b = next(it)
                 host_of_rank[b * block : (b + 1) * block] = [hosts[j]] * block
+    if block == 1:
+        _regroup(host_of_rank, roles, on_host, mesh.axes[-1][1])
     return host_of_rank
+
+
+def _regroup(host_of_rank: list[str], roles: list[Role], on_host: list[Counter[str]], inner: int) -> None:
+    """Swap ranks between hosts, keeping the bytes already in place, so that more groups of `inner`
+    consecutive ranks share a host.
+
+    The transport sees kinds of ranks, not groups: of two matchings that keep the same bytes in place it
+    may take one that splits a tensor-parallel group the numbering kept whole, which `assign_plan` then
+    rejects, losing the bytes too (a mesh with hosts of 4 and 2 devices and groups of 3 did: 0 cross-host
+    bytes were possible, the numbering crossed). Each swap moves a rank to the host most of its group is on
+    and strictly lowers the number of ranks away from their group's host, so the loop ends.
+    """
+    if inner == 1:
+        return
+    on: dict[str, list[int]] = defaultdict(list)
+    for r, h in enumerate(host_of_rank):
+        on[h].append(r)
+
+    def away(g: int) -> int:
+        return inner - max(Counter(host_of_rank[g * inner : (g + 1) * inner]).values())
+
+    improved = True
+    while improved:
+        improved = False
+        for g in range(len(host_of_rank) // inner):
+            counts = Counter(host_of_rank[g * inner : (g + 1) * inner])
+            if len(counts) == 1:
+                continue
+            target = max(counts, key=lambda h: (counts[h], -host_of_rank.index(h)))
+            for r in range(g * inner, (g + 1) * inner):
+                here = host_of_rank[r]
+                if here == target:
+                    continue
+                for s in on[target]:
+                    if s // inner == g:
+                        continue
+                    a, b = roles[r], roles[s]
+                    if on_host[a][target] + on_host[b][here] < on_host[a][here] + on_host[b][target]:
+                        continue  # the swap would give up bytes already in place
+                    before = away(g) + away(s // inner)
+                    host_of_rank[r], host_of_rank[s] = target, here
+                    if away(g) + away(s // inner) < before:
+                        on[target][on[target].index(s)] = r
+                        on[here][on[here].index(r)] = s
+                        improved = True
+                        break
+                    host_of_rank[r], host_of_rank[s] = here, target
 
 
 def _match_devices(

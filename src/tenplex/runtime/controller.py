@@ -233,7 +233,7 @@ class Controller:
     def _committed_step(self) -> int:
         """The step the next phase resumes from: the newest snapshot complete on the live stores."""
         self._preload.join()  # importing the same modules from two threads at once can see half of one
-        from ..transformer.load import newest_step
+        from ..transformer.snapshot import newest_step
 
         return newest_step(self.cfg.job, [s["url"] for s in self.cluster.stores.values()]) or 0
 

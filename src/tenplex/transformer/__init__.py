@@ -12,8 +12,9 @@ from .errors import (
     StateError,
     UnrecoverableError,
 )
-from .load import LoadInfo, load
+from .load import load
 from .save import SaveHandle, save
+from .snapshot import LoadInfo
 
 __all__ = [
     "KeyMismatchError",

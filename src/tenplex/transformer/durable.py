@@ -19,9 +19,9 @@ from ..ptc import PTC, Box
 from ..ptc import values as value_codec
 from ..store import StoreError
 from .errors import KeyMismatchError, NoSnapshotError, ShapeMismatchError, StateError
-from .layout import blob_name
-from .load import LoadInfo, choose_snapshot
+from .gathered import blob_name
 from .shards import DTYPES, Staged
+from .snapshot import LoadInfo, choose
 from .stores import client, resolve
 from .tree import expand, flatten, restore
 
@@ -52,11 +52,8 @@ def assemble(
 ) -> tuple[int, PTC, dict[str, torch.Tensor]]:
     """Every tensor of a committed snapshot as one full tensor, each piece read from a store holding it
     (for persisting, and for comparing two runs' states)."""
-    chosen = choose_snapshot(job, step, [resolve(store)])  # what a load would take: one complete save
-    if not isinstance(chosen, tuple):
-        raise chosen if isinstance(chosen, StateError) else NoSnapshotError(chosen)
-    step, manifest = chosen
-    ptc = PTC.from_json(manifest["ptc"])
+    snap = choose(job, step, [resolve(store)], with_lost=False)  # what a load would take: one complete save
+    step, ptc = snap.step, snap.ptc
     out = {}
     for name, meta in ptc.tensors.items():
         full = torch.empty(meta.shape, dtype=TORCH_DTYPES[meta.dtype])

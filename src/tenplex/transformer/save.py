@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,12 +16,11 @@ from ..ptc import values as value_codec
 from ..store import NotFoundError, StoreClient
 from . import world
 from .errors import StateError
-from .layout import blob_name, build_ptc, gather, merged_values, writers
+from .gathered import blob_name, build_ptc, gather, merged_values, writers
 from .shards import LocalShard, Staged, local_shard
+from .snapshot import make_manifest
 from .stores import client, resolve
 from .tree import expand, flatten
-
-MANIFEST_FORMAT = "tenplex.snapshot"
 
 
 @dataclass(eq=False)
@@ -118,14 +116,7 @@ def save(
             own.write_blob(job, step, blob_name(me, name), Staged(shard.local, fill=True).array, shard.dtype)
         written += shard.box.volume * ptc.tensors[name].itemsize
     local_seconds = time.perf_counter() - started
-    manifest = {
-        "format": MANIFEST_FORMAT,
-        "job": job,
-        "step": step,
-        "save_id": uuid.uuid4().hex,  # tells this save's commits from an abandoned attempt at the same step
-        "ptc": ptc.to_json(),
-        "stores": sorted(set(ptc.mesh.hosts)),
-    }
+    manifest = make_manifest(job, step, ptc)
 
     def finish() -> None:
         for blob, _ in staged:

@@ -5,11 +5,13 @@ Every call takes the group the job's ranks form (None: the default group), like 
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch.distributed as dist
 
 Group = Any  # a torch.distributed ProcessGroup or None
+T = TypeVar("T")
 
 
 def active() -> bool:
@@ -39,6 +41,23 @@ def broadcast(obj: Any, group: Group = None) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, group_src=0, group=group)
     return box[0]
+
+
+def decide(fn: Callable[[], T], group: Group = None) -> T:
+    """Rank 0 of `group` runs `fn` and every rank returns its result or raises its exception, so that
+    all ranks act on one answer (a store that answers one rank and not another cannot split them)."""
+    if not active():
+        return fn()
+    outcome: tuple[bool, Any] = (True, None)
+    if rank(group) == 0:
+        try:
+            outcome = (True, fn())
+        except Exception as e:  # handed to every rank, raised there
+            outcome = (False, e)
+    ok, value = broadcast(outcome, group)
+    if not ok:
+        raise value
+    return value
 
 
 def barrier(group: Group = None) -> None:

@@ -1,4 +1,4 @@
-"""The job's layout as a PTC, gathered from what every rank holds.
+"""The PTC gathered from the ranks: what every rank holds, described by each and all-gathered.
 
 Each rank describes its own shards; after one all-gather every rank builds the same PTC, with explicit
 pieces so that any DTensor mesh, placement or pipeline split is described exactly. A rank's host is the
@@ -19,7 +19,7 @@ from .shards import LocalShard
 
 
 @dataclass
-class RankLayout:
+class RankShards:
     rank: int
     store: str
     device: str
@@ -29,20 +29,20 @@ class RankLayout:
 
 def describe(
     store: str, shards: dict[str, LocalShard], values: dict[str, Any], group: world.Group = None
-) -> RankLayout:
+) -> RankShards:
     me = world.rank(group)
     device = os.environ.get("TENPLEX_DEVICE") or f"{store}#{os.environ.get('LOCAL_RANK', me)}"
-    return RankLayout(me, store, device, {n: s.describe() for n, s in shards.items()}, values)
+    return RankShards(me, store, device, {n: s.describe() for n, s in shards.items()}, values)
 
 
 def gather(
     store: str, shards: dict[str, LocalShard], values: dict[str, Any], group: world.Group = None
-) -> list[RankLayout]:
+) -> list[RankShards]:
     """Every rank's shards and values; values are small (steps, hyperparameters, sampler positions)."""
     return world.all_gather(describe(store, shards, values, group), group)
 
 
-def merged_values(layouts: list[RankLayout]) -> dict[str, Any]:
+def merged_values(layouts: list[RankShards]) -> dict[str, Any]:
     """The job's values: each name as its lowest rank has it (a pipeline stage's entries come from it)."""
     out: dict[str, Any] = {}
     for lay in layouts:
@@ -51,7 +51,7 @@ def merged_values(layouts: list[RankLayout]) -> dict[str, Any]:
     return out
 
 
-def build_ptc(layouts: list[RankLayout], values: dict | None = None) -> PTC:
+def build_ptc(layouts: list[RankShards], values: dict | None = None) -> PTC:
     """One PTC over a 1-D mesh of ranks; every tensor's pieces are the distinct boxes and their holders."""
     devices = [lay.device for lay in layouts]
     if len(set(devices)) != len(devices):

@@ -1,0 +1,99 @@
+"""Executing one rank's part of a plan: pull every box into the rank's tensors.
+
+Boxes on this host come through shared memory; boxes of other hosts come through this host's store, which
+fetches each remote box once and serves it to every local rank that needs it (the planner's lower bound).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from ..planner import Fetch, Plan, Route
+from ..ptc import PTC
+from ..store import StoreClient, StoreError, read_many
+from .errors import StateError
+from .gathered import blob_name
+from .shards import LocalShard, Staged
+from .stores import client
+
+
+def shared_remote_boxes(p: Plan, host: str) -> set[tuple[str, Any, int]]:
+    """(tensor, box, source rank) that more than one rank of `host` pulls from another host: only those go
+    through the host's store (fetched once, served to each); a box one rank alone needs is read directly."""
+    out = set()
+    for g in p.groups:
+        for m in g.moves:
+            if m.route is Route.RELAYED and p.new.mesh.hosts[m.dst] == host:
+                out.update((t, m.box, m.src) for t in g.tensors)
+    return out
+
+
+def execute(
+    fetches: list[Fetch],
+    shards: dict[str, LocalShard],
+    job: str,
+    step: int,
+    old: PTC,
+    url: str,
+    central: bool,
+    concurrency: int,
+    shared: set[tuple[str, Any, int]],
+) -> dict[str, int]:
+    """Pull every box of this rank into its tensors; returns the bytes moved by route.
+
+    Boxes read from one store are batched (one lookup on this host, one request over the network per
+    batch) and the stores are read in parallel; boxes several local ranks need from another host go
+    through this host's store, which fetches each once."""
+    staged = {name: Staged(shards[name].local, fill=False) for name in {f.tensor for f in fetches}}
+    own = client(url)
+    hub: StoreClient | None = client(old.mesh.hosts[0]) if central else None
+    sources = {(name, r): piece.box for name in staged for piece in old.pieces(name) for r in piece.holders}
+    moved: dict[str, int] = {"central": 0} if central else {r.value: 0 for r in Route}
+    direct: list[tuple[StoreClient, str, int, str, Any, np.ndarray]] = []
+    relayed: list[tuple[StoreClient, str, str, Any, np.ndarray]] = []
+    copies: list[tuple[np.ndarray, np.ndarray]] = []
+    for f in fetches:
+        dst = staged[f.tensor].array[(*f.box.relative_to(shards[f.tensor].box).slices(), ...)]
+        out = dst if dst.flags.c_contiguous else np.empty(dst.shape, dst.dtype)
+        if out is not dst:
+            copies.append((dst, out))
+        src_box = f.box.relative_to(sources[(f.tensor, f.src)])
+        src_url, blob = old.mesh.hosts[f.src], blob_name(f.src, f.tensor)
+        if hub is not None:
+            if src_url == hub.url:
+                direct.append((hub, job, step, blob, src_box, out))
+            else:
+                relayed.append((hub, src_url, blob, src_box, out))
+        elif src_url == url:
+            direct.append((own, job, step, blob, src_box, out))
+        elif (f.tensor, f.box, f.src) in shared:
+            relayed.append((own, src_url, blob, src_box, out))
+        else:
+            direct.append((client(src_url), job, step, blob, src_box, out))
+        moved["central" if central else f.route.value] += f.box.volume * old.tensors[f.tensor].itemsize
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+            relays = [pool.submit(c.fetch_remote, u, job, step, b, box, o) for c, u, b, box, o in relayed]
+            read_many(direct, concurrency)
+            for fut in relays:
+                fut.result()
+    except StoreError as e:
+        raise StateError(f"loading the snapshot of {job!r} at step {step}: {e}") from e
+    for dst, out in copies:
+        np.copyto(dst, out)
+    for s in staged.values():
+        s.finish()
+    return moved
+
+
+def drop_relays(job: str, step: int, url: str, stores: list[str], me: int) -> None:
+    """The lowest rank of each store frees that store's relay cache once everyone has loaded
+    (`stores`: each rank's store)."""
+    if stores.index(url) == me:
+        try:
+            client(url).drop_relay(job, step)
+        except StoreError:
+            pass

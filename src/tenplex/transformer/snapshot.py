@@ -1,0 +1,166 @@
+"""Snapshots in the stores: the manifest a save commits, which committed save a load takes, and `LoadInfo`.
+
+A snapshot is one save's manifest (its PTC, its stores, its `save_id`) committed on every store it wrote
+to. Choosing one is done by one rank for all (`world.decide`), so ranks never split between two versions or
+between memory and the durable fallback; a store that does not answer is asked once per choice.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ptc import PTC, Mesh
+from ..store import StoreError, StoreUnavailable
+from .errors import NoSnapshotError, StateError
+from .gathered import blob_name
+from .stores import client
+
+MANIFEST_FORMAT = "tenplex.snapshot"
+
+
+def make_manifest(job: str, step: int, ptc: PTC) -> dict[str, Any]:
+    """The manifest of a new save of `ptc` (the writers' layout); `replicas` is added at commit time."""
+    return {
+        "format": MANIFEST_FORMAT,
+        "job": job,
+        "step": step,
+        "save_id": uuid.uuid4().hex,  # tells this save's commits from an abandoned attempt at the same step
+        "ptc": ptc.to_json(),
+        "stores": sorted(set(ptc.mesh.hosts)),
+    }
+
+
+@dataclass
+class Snapshot:
+    """One complete save chosen for a load: its step and manifest, the stores of it that do not answer
+    (`lost`), and the dead stores whose blobs a replica store holds (`remap`: dead -> replica)."""
+
+    step: int
+    manifest: dict[str, Any]
+    lost: list[str] = field(default_factory=list)
+    remap: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ptc(self) -> PTC:
+        return PTC.from_json(self.manifest["ptc"])
+
+    def view(self) -> PTC:
+        """The snapshot's PTC with every remapped store's ranks served by its replica store."""
+        old = self.ptc
+        if not self.remap:
+            return old
+        hosts = tuple(self.remap.get(h, h) for h in old.mesh.hosts)
+        return PTC(Mesh(old.mesh.axes, old.mesh.devices, hosts), old.tensors, old.placements, old.values)
+
+
+@dataclass
+class LoadInfo:
+    """What one rank's load did; `bytes` by route (kept / same_host / relayed / cross_host)."""
+
+    job: str
+    step: int
+    seconds: float
+    bytes: dict[str, int] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    lost_stores: list[str] = field(default_factory=list)
+    source: str = "memory"  # or "durable"
+    note: str = ""  # why a durable load happened
+    plan_bytes: dict[str, int] = field(default_factory=dict)  # the whole job's plan statistics
+
+
+def choose(job: str, step: int | None, urls: list[str], *, with_lost: bool = True) -> Snapshot:
+    """The newest snapshot of `job` (or version `step`) that is complete on the reachable stores among
+    `urls`, with its lost and remapped stores (`with_lost`). Raises NoSnapshotError when there is none and
+    StateError when the stores misbehave (a job must not silently start over then)."""
+    try:
+        found, manifest = _newest(job, step, urls)
+        snap = Snapshot(found, manifest)
+        if with_lost:
+            lost, snap.remap = _lost_stores(snap.ptc, job, found, manifest.get("replicas", {}))
+            snap.lost = sorted(lost)
+        return snap
+    except StoreError as e:
+        raise StateError(f"job {job!r}: cannot read the snapshots in the stores ({e})") from None
+
+
+def newest_step(job: str, stores: list[str]) -> int | None:
+    """The step `load` would resume `job` from with these stores, or None when there is no snapshot (or
+    the stores cannot tell)."""
+    try:
+        return choose(job, None, stores, with_lost=False).step
+    except StateError:
+        return None
+
+
+def _newest(job: str, step: int | None, urls: list[str]) -> tuple[int, dict]:
+    """The newest version committed, by one save, on every reachable store it was saved to. A writer that
+    died between its per-store commits leaves a version some stores hide (the one before it is used); a
+    later save of the same step replaces it where it writes, and its save id tells the two apart."""
+    where: dict[int, dict[str | None, str]] = defaultdict(dict)  # step -> save id -> a store holding it
+    ids: dict[str, dict[int, str | None] | None] = {}  # None: the store does not answer (asked once)
+    errors = []
+    for u in urls:
+        try:
+            ids[u] = client(u).save_ids(job)
+        except StoreUnavailable as e:
+            ids[u] = None
+            errors.append(str(e))
+            continue
+        for s, sid in ids[u].items():
+            if step is None or s == step:
+                where[s].setdefault(sid, u)
+    for s in sorted(where, reverse=True):
+        for sid, u in where[s].items():
+            manifest = client(u).manifest(job, s)
+            if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+                raise NoSnapshotError(f"version {s} of job {job!r} is not a tenplex snapshot")
+            if all(_holds(u2, job, s, sid, ids) for u2 in manifest.get("stores", [])):
+                return s, manifest
+    what = f"step {step} of " if step is not None else ""
+    raise NoSnapshotError(
+        f"no committed version of {what}job {job!r} in stores {urls}"
+        + (f" ({'; '.join(errors)})" if errors else "")
+    )
+
+
+def _holds(url: str, job: str, step: int, save_id: str | None, known: dict) -> bool:
+    """True when the store has that save of the version committed, or does not answer (a lost host,
+    handled later). `known` caches each store's answer, a dead store's too."""
+    if url not in known:
+        try:
+            known[url] = client(url).save_ids(job)
+        except StoreUnavailable:
+            known[url] = None
+    have = known[url]
+    return have is None or have.get(step, ...) == save_id
+
+
+def _lost_stores(
+    old: PTC, job: str, step: int, replicas: dict[str, list[str]]
+) -> tuple[set[str], dict[str, str]]:
+    """Old stores that do not answer; those whose blobs a replica store holds are remapped to it."""
+    down = set()
+    for url in sorted(set(old.mesh.hosts)):
+        try:
+            client(url).health()
+        except StoreError:
+            down.add(url)
+    remap: dict[str, str] = {}
+    if down:
+        candidates = {u for d in down for u in replicas.get(d, [])} | (set(old.mesh.hosts) - down)
+        for url in sorted(candidates - down):
+            try:
+                listing = client(url).blobs(job, step)
+            except StoreError:
+                continue
+            held = {b["name"] for b in listing}
+            for dead in sorted(down - set(remap)):
+                ranks = [r for r, h in enumerate(old.mesh.hosts) if h == dead]
+                needed = {blob_name(r, s.tensor) for r in ranks for s in old.shards(r)}
+                if needed <= held:
+                    remap[dead] = url
+    return down - set(remap), remap

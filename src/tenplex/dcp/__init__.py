@@ -1,0 +1,14 @@
+"""DCP on the tensor stores: `torch.distributed.checkpoint` saves to memory and reshards from memory.
+
+    dcp.save(state_dict, storage_writer=tenplex.dcp.StoreWriter("job", step))
+    dcp.load(state_dict, storage_reader=tenplex.dcp.StoreReader("job"))
+
+DCP plans the resharding; the stores hold the bytes. A snapshot written this way is a tenplex snapshot
+(same manifest, same blobs, same atomic commit), so `tenplex.load` reads it too, and `StoreReader` reads
+what `tenplex.save` wrote.
+"""
+
+from .reader import StoreReader
+from .writer import StoreWriter
+
+__all__ = ["StoreReader", "StoreWriter"]

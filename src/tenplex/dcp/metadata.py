@@ -1,0 +1,87 @@
+"""A tenplex snapshot manifest seen as DCP `Metadata`, whichever front door wrote it.
+
+The manifest's PTC names every piece of every tensor and the ranks whose stores hold it; DCP's metadata
+names the same pieces as chunks. Values are either carried in the manifest (`tenplex.save`, and DCP values
+that are plain data) or kept as the exact bytes DCP serialized (`manifest["dcp"]["bytes"]`).
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+
+from ..ptc import PTC, Box
+from ..transformer.durable import TORCH_DTYPES
+from ..transformer.gathered import blob_name
+
+try:  # the version DCP's own file system writer stamps; absent in some releases
+    from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
+except ImportError:  # pragma: no cover
+    CURRENT_DCP_VERSION = None
+
+DCP_SECTION = "dcp"  # manifest key written by StoreWriter: {"bytes": {fqn: [rank, nbytes]}}
+
+
+@dataclass(frozen=True)
+class Stored:
+    """Where one DCP item lives: a blob per holder rank (`box`: the piece, in the global tensor), or a value
+    carried in the manifest (`blob` False)."""
+
+    name: str
+    holders: tuple[int, ...] = ()
+    box: Box | None = None
+    blob: bool = True
+    value: Any = None
+
+    def blob_of(self, rank: int) -> str:
+        return blob_name(rank, self.name)
+
+    def value_bytes(self) -> io.BytesIO:
+        """The value as DCP's planners expect non-tensor data: `torch.save` bytes."""
+        out = io.BytesIO()
+        torch.save(self.value, out)
+        out.seek(0)
+        return out
+
+
+def to_metadata(manifest: dict[str, Any]) -> tuple[Metadata, PTC]:
+    """DCP metadata of a committed snapshot, and its PTC (for the hosts of the holder ranks)."""
+    ptc = PTC.from_json(manifest["ptc"])
+    items: dict[str, Any] = {}
+    storage: dict[MetadataIndex, Stored] = {}
+    for name, meta in ptc.tensors.items():
+        chunks = []
+        for piece in ptc.pieces(name):
+            chunks.append(ChunkStorageMetadata(torch.Size(piece.box.start), torch.Size(piece.box.shape)))
+            storage[MetadataIndex(name, piece.box.start)] = Stored(name, piece.holders, piece.box)
+        props = TensorProperties(dtype=TORCH_DTYPES[meta.dtype])
+        items[name] = TensorStorageMetadata(props, torch.Size(meta.shape), chunks)
+    raw = manifest.get(DCP_SECTION, {}).get("bytes", {})
+    for name, (rank, nbytes) in raw.items():
+        items[name] = BytesStorageMetadata()
+        storage[MetadataIndex(name)] = Stored(name, (int(rank),), Box.full((int(nbytes),)))
+    for name, value in ptc.values.items():
+        if name not in raw:
+            items[name] = BytesStorageMetadata()
+            storage[MetadataIndex(name)] = Stored(name, blob=False, value=value)
+    meta = Metadata(
+        state_dict_metadata=items,
+        storage_data=storage,
+        storage_meta=StorageMeta(
+            checkpoint_id=f"{manifest['job']}@{manifest['step']}", save_id=manifest.get("save_id")
+        ),
+        version=CURRENT_DCP_VERSION,
+    )
+    return meta, ptc

@@ -1,0 +1,172 @@
+"""Worker for tests/test_dcp.py: DCP through the tensor stores in a 4-rank gloo world.
+
+Ranks 0-1 are on emulated host A, ranks 2-3 on host B. The source is a small model with tensor parallelism
+(tp 2) and FSDP2 (dp 2) on a real 2-D mesh, as torchtitan builds it; the target is the same model with
+FSDP2 alone on ranks 0-2 (uneven shards, no TP). Each door is compared bit for bit with DCP through the
+file system on the same state.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+import tenplex
+from launch import write_result
+from tenplex.dcp import StoreReader, StoreWriter
+
+
+class Tiny(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(11, 6)
+        self.up = nn.Linear(6, 10)
+        self.down = nn.Linear(10, 6)
+        self.norm = nn.LayerNorm(6)
+        self.register_buffer("table", torch.arange(7.0))
+
+
+def source() -> nn.Module:
+    torch.manual_seed(0)
+    model = Tiny()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+        model.table.mul_(3)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    parallelize_module(model, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    fully_shard(model, mesh=mesh["dp"])
+    return model
+
+
+def target(group) -> nn.Module:
+    torch.manual_seed(1)
+    model = Tiny()
+    fully_shard(model, mesh=DeviceMesh.from_group(group, "cpu"))
+    with torch.no_grad():
+        for t in model.state_dict().values():
+            (t.to_local() if isinstance(t, DTensor) else t).zero_()
+    return model
+
+
+def state(model: nn.Module, step: int) -> dict:
+    return {"model": model.state_dict(), "step": step, "meta": {"betas": (0.9, 0.95), "tags": ["a", 1]}}
+
+
+def local(t):
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def compare(got: dict, want: dict, full: dict) -> list[str]:
+    """Keys whose local tensor differs (bitwise) from the file-system load or from the source."""
+    bad = []
+    for k, t in got["model"].items():
+        a, b = local(t), local(want["model"][k])
+        if not torch.equal(a.view(torch.uint8) if a.numel() else a, b.view(torch.uint8) if b.numel() else b):
+            bad.append(f"{k}: differs from the file-system load")
+        if isinstance(t, DTensor) and not torch.equal(t.full_tensor(), full[k]):
+            bad.append(f"{k}: differs from the source")
+    for k in ("step", "meta"):
+        if got[k] != want[k]:
+            bad.append(f"{k}: {got[k]!r} != {want[k]!r}")
+    return bad
+
+
+def relay(rank: int) -> dict:
+    """Saved by host B's ranks alone, loaded by host A's two ranks: each range crosses once, via A's store."""
+    a, b = os.environ["DCP_TEST_STORES"].split(",")
+    pairs = [dist.new_group([2, 3]), dist.new_group([0, 1])]
+    weight = torch.arange(24.0).reshape(4, 6)
+    if rank >= 2:
+        dcp.save({"w": weight, "n": 5}, storage_writer=StoreWriter("relayjob", 1), process_group=pairs[0])
+    dist.barrier()
+    res: dict = {}
+    if rank < 2:
+        got = {"w": torch.zeros(4, 6), "n": 0}
+        reader = StoreReader("relayjob", sources=[b], process_group=pairs[1])
+        dcp.load(got, storage_reader=reader, process_group=pairs[1])
+        res = {"equal": torch.equal(got["w"], weight) and got["n"] == 5, "relayed": reader.relayed}
+        dist.barrier(pairs[1])
+        res["left"] = tenplex.store.StoreClient(a).stats()["relay_blobs"]
+    dist.barrier()
+    return res
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    three = dist.new_group([0, 1, 2])
+    out: dict = {}
+    tmp = tempfile.mkdtemp(prefix="tenplex-dcp-") if rank == 0 else None
+    path = [tmp]
+    dist.broadcast_object_list(path)
+    path = path[0]
+    try:
+        model = source()
+        sd = state(model, 7)
+        full = {k: t.full_tensor() if isinstance(t, DTensor) else t.clone() for k, t in sd["model"].items()}
+        out["placements"] = sorted({type(p).__name__ for t in sd["model"].values() if isinstance(t, DTensor)
+                                    for p in t.placements})  # fmt: skip
+        dcp.save(sd, storage_writer=StoreWriter("dcpjob", 10))
+        dcp.save(sd, checkpoint_id=os.path.join(path, "fs"))
+        tenplex.save(state(model, 7), job="tenplexjob", step=3)
+        fut = dcp.async_save(state(model, 8), storage_writer=StoreWriter("asyncjob", 4))
+        fut.result()
+        dist.barrier()
+
+        if rank < 3:
+            reference = state(target(three), 0)
+            dcp.load(reference, checkpoint_id=os.path.join(path, "fs"), process_group=three)
+            cases = {}
+            reader = StoreReader("dcpjob", process_group=three)
+            got = state(target(three), 0)
+            dcp.load(got, storage_reader=reader, process_group=three)
+            cases["dcp->dcp"] = compare(got, reference, full)
+            out["relayed"] = reader.relayed
+            out["chosen"] = reader.chosen_step
+
+            got = state(target(three), 0)
+            dcp.load(got, storage_reader=StoreReader("tenplexjob", process_group=three), process_group=three)
+            cases["tenplex.save->dcp"] = compare(got, reference, full)
+
+            got = state(target(three), 0)
+            tenplex.load(got, job="dcpjob", process_group=three)
+            cases["dcp->tenplex.load"] = compare(got, reference, full)
+
+            got = state(target(three), 0)
+            dcp.load(got, storage_reader=StoreReader("asyncjob", 4, process_group=three), process_group=three)
+            cases["async_save->dcp"] = compare(got, {**reference, "step": 8}, full)
+            out["cases"] = cases
+
+            try:
+                dcp.load(state(target(three), 0), storage_reader=StoreReader("never"), process_group=three)
+                out["missing"] = "loaded"
+            except CheckpointException as e:
+                out["missing"] = sorted({type(exc).__name__ for exc, _ in e.failures.values()})
+                out["missing_msg"] = str(next(iter(e.failures.values()))[0])
+        dist.barrier()
+        out["relay"] = relay(rank)
+        out["ok"] = True
+    except BaseException:
+        out["error"] = traceback.format_exc()
+    finally:
+        if rank == 0:
+            shutil.rmtree(path, ignore_errors=True)
+    write_result(out)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

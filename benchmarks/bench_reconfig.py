@@ -27,6 +27,17 @@ Ratios: `x_dcp_disk` = DCP disk (save + warm load) / tenplex (save + load), like
     python benchmarks/bench_reconfig.py                # ~1.2 GB of state, 2 repetitions: about 7-8 minutes
     python benchmarks/bench_reconfig.py --repeat 1     # about 4 minutes
     python benchmarks/bench_reconfig.py --quick --repeat 1   # ~0.3 GB: about 2 minutes
+
+`--network netns --nic-gbps G --hosts 2,4,8` (root): every emulated host is a network namespace
+(tenplex.runtime.netns) with its own store bound to its address (token required), its ranks started
+inside it and its NIC shaped to G Gbit/s each way; gloo runs across the namespaces (MASTER_ADDR = host 0,
+GLOO_SOCKET_IFNAME). One world per host count: 4 ranks on 2 and 4 hosts (rank r on host r*H/4), 8 ranks
+on 8 hosts (the changes with every dimension's size doubled where it holds the ranks). The cross-host
+floor is the busiest host's bytes (its interface counters over the load) / the shaped bandwidth, measured
+in the same run with every host sending to the next at once (wire bytes per second, the lower of the
+hosts). DCP's files are on a file system every namespace host shares, so its baselines cross no link.
+
+    python benchmarks/bench_reconfig.py --network netns --nic-gbps 1 --hosts 2,4 --quick --repeat 1
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -46,6 +58,7 @@ import numpy as np
 
 from common import print_rows, write_results
 from tenplex.ptc.gpt import GPTConfig
+from tenplex.runtime import netns
 from tenplex.store import start_store
 from tenplex.util import free_port
 
@@ -73,6 +86,14 @@ PAIRS = {
     "combined-replicas": ([2, 2, 1], [1, 1, 4]),
 }
 DEFAULT_PAIRS = "dp,tp,pp,combined"
+# 8 namespace hosts, one rank each: the same changes on 8 ranks
+PAIRS8 = {
+    "dp": ([1, 4, 1], [2, 4, 1]),
+    "tp": ([1, 4, 1], [1, 8, 1]),
+    "pp": ([1, 1, 4], [1, 1, 8]),
+    "combined": ([1, 8, 1], [2, 2, 2]),
+    "dp-in": ([2, 4, 1], [1, 4, 1]),
+}
 
 
 def memcpy_bandwidth(nbytes: int = 256 << 20, repeat: int = 5) -> float:
@@ -133,19 +154,28 @@ def fs_type(path: Path) -> str:
     return kind
 
 
-def run_world(spec: dict, timeout: float) -> list[list[dict]]:
-    port = free_port()
+def run_world(spec: dict, timeout: float, world: int = 4, net=None, hosts: list[str] | None = None,
+              token: str | None = None) -> list[list[dict]]:  # fmt: skip
+    """The worker's ranks, all on the machine, or with `net` rank r inside namespace host hosts[r]."""
+    port = free_port() if net is None else 29500
+    master = "127.0.0.1" if net is None else net.hosts[hosts[0]].addr
     with tempfile.TemporaryDirectory(prefix="tenplex-bench-") as out:
         procs = []
-        for r in range(4):
+        for r in range(world):
             e = dict(os.environ)
             e.update(
-                RANK=str(r), WORLD_SIZE="4", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), MASTER_ADDR=master,
                 MASTER_PORT=str(port), TENPLEX_BENCH_OUT=out, TENPLEX_BENCH_SPEC=json.dumps(spec),
                 TENPLEX_EMULATED_HOSTS="1", OMP_NUM_THREADS="1",
                 PYTHONPATH=os.pathsep.join([str(HERE), str(SRC), e.get("PYTHONPATH", "")]),
             )  # fmt: skip
-            procs.append(subprocess.Popen([sys.executable, "-m", "reconfig_worker"], env=e))
+            argv = [sys.executable, "-m", "reconfig_worker"]
+            if net is None:
+                procs.append(subprocess.Popen(argv, env=e))
+                continue
+            e.update(GLOO_SOCKET_IFNAME=netns.NIC, TENPLEX_BENCH_HOST=hosts[r])
+            e["TENPLEX_STORE_TOKEN"] = token or ""
+            procs.append(net.popen(hosts[r], argv, env=e))
         try:
             for p in procs:
                 p.wait(timeout=timeout)
@@ -156,7 +186,7 @@ def run_world(spec: dict, timeout: float) -> list[list[dict]]:
         failed = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode != 0]
         if failed:
             raise SystemExit(f"ranks {failed} failed (their output is above)")
-        return [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(4)]
+        return [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(world)]
 
 
 def each_rep(reps: list[list[dict]], key: str, sub: str | None = None) -> list[float]:
@@ -175,7 +205,69 @@ def slowest(reps: list[list[dict]], key: str, sub: str | None = None) -> float |
     return min(each_rep(reps, key, sub), default=None)
 
 
-def summarise(ranks: list[dict], mem_bw: float, sock_bw: float) -> dict:
+RING = """
+import socket, sys, threading, time
+me, nxt, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+srv = socket.create_server((me, 5001))
+got = []
+def receive():
+    c, _ = srv.accept()
+    buf, k = bytearray(4 << 20), 0
+    while True:
+        m = c.recv_into(buf)
+        if not m:
+            break
+        k += m
+    got.append(k)
+rx = threading.Thread(target=receive)
+rx.start()
+for _ in range(200):
+    try:
+        c = socket.create_connection((nxt, 5001))
+        break
+    except OSError:
+        time.sleep(0.05)
+tx = lambda: int(open("/sys/class/net/nic0/statistics/tx_bytes").read())
+payload = memoryview(bytes(4 << 20))
+b0, t = tx(), time.perf_counter()
+for i in range(0, n, 4 << 20):
+    c.sendall(payload[: min(4 << 20, n - i)])
+c.close()
+rx.join()
+print((tx() - b0) / (time.perf_counter() - t), got[0])
+"""
+
+
+def ring_bandwidth(net, hosts: list[str], nbytes: int) -> dict[str, float]:
+    """Wire bytes/s each host sends while every host sends `nbytes` to the next and receives from the
+    previous one at the same time (both directions of every link busy, as in a reconfiguration)."""
+    procs = {}
+    for i, h in enumerate(hosts):
+        nxt = net.hosts[hosts[(i + 1) % len(hosts)]].addr
+        argv = [sys.executable, "-c", RING, net.hosts[h].addr, nxt, str(nbytes)]
+        procs[h] = net.popen(h, argv, stdout=subprocess.PIPE, text=True)
+    out = {}
+    for h, p in procs.items():
+        text, _ = p.communicate(timeout=600)
+        if p.returncode != 0 or not text.strip():
+            raise SystemExit(f"bandwidth probe on {h} failed")
+        bw, got = text.split()
+        if int(got) != nbytes:
+            raise SystemExit(f"bandwidth probe on {h} received {got} of {nbytes} bytes")
+        out[h] = float(bw)
+    return out
+
+
+def nic_by_host(per_rank: list[dict], key: str) -> dict[str, dict]:
+    """One counter reading per host (ranks on one host read the same interface)."""
+    out: dict[str, dict] = {}
+    for r in per_rank:
+        if r.get("host") and r.get(key):
+            out.setdefault(r["host"], r[key])
+    return out
+
+
+def summarise(ranks: list[dict], mem_bw: float, sock_bw: float, shaped_bw: float | None = None) -> dict:
     case = ranks[0]["case"]
     reps = [[r["reps"][i] for r in ranks] for i in range(len(ranks[0]["reps"]))]
     per_rank = reps[0]
@@ -188,7 +280,13 @@ def summarise(ranks: list[dict], mem_bw: float, sock_bw: float) -> dict:
     central = slowest(reps, "central_load")
     total = save + load
     local = saved + moved["kept"] + moved["same_host"] + moved["relayed"]
-    floor = local / mem_bw + plan["cross_host_lower_bound"] / sock_bw
+    nic, nic_c = nic_by_host(per_rank, "nic_load"), nic_by_host(per_rank, "nic_central")
+    busiest = max((max(v["bytes_in"], v["bytes_out"]) for v in nic.values()), default=0)
+    busiest_c = max((max(v["bytes_in"], v["bytes_out"]) for v in nic_c.values()), default=0)
+    if shaped_bw:  # namespace hosts: the busiest shaped link bounds the cross-host part
+        floor = local / mem_bw + busiest / shaped_bw
+    else:
+        floor = local / mem_bw + plan["cross_host_lower_bound"] / sock_bw
     row = {
         "change": case["name"],
         "src": "x".join(map(str, case["src"])),
@@ -217,6 +315,15 @@ def summarise(ranks: list[dict], mem_bw: float, sock_bw: float) -> dict:
         },
         "bad": sorted({b for pr in reps for r in pr for k in ("bad", "bad_central") for b in r.get(k, [])}),
     }
+    if shaped_bw:
+        row.update(
+            nic_gbps_measured=shaped_bw * 8 / 1e9,
+            busiest_GB=busiest / gb,
+            central_busiest_GB=busiest_c / gb,
+            cross_bound_s=busiest / shaped_bw,
+            x_cross_bound=load / (busiest / shaped_bw) if busiest else None,
+            nic={h: {"load": nic.get(h), "central": nic_c.get(h)} for h in sorted(set(nic) | set(nic_c))},
+        )
     for kind in ("dcp_disk", "dcp_shm"):
         if not any(kind in r for r in per_rank):
             continue
@@ -235,6 +342,64 @@ def summarise(ranks: list[dict], mem_bw: float, sock_bw: float) -> dict:
     return row
 
 
+def make_cases(args, hosts: int) -> list[dict]:
+    pairs = PAIRS8 if hosts > 4 else PAIRS
+    missing = [n for n in args.pairs.split(",") if n not in pairs]
+    if missing:
+        raise SystemExit(f"unknown change(s) {missing} for {hosts} hosts; known: {', '.join(pairs)}")
+    return [{"name": n, "src": pairs[n][0], "dst": pairs[n][1], "hosts": hosts, "dcp": not args.no_dcp}
+            for n in args.pairs.split(",")]  # fmt: skip
+
+
+def run_loopback(args, model: dict, disk: Path, shm: Path) -> dict:
+    """Every case in one 4-rank world; hosts = stores A and B on loopback ports."""
+    cases = [c for h in args.hosts.split(",") for c in make_cases(args, int(h)) if int(h) <= 2]
+    a, b = start_store(memory_limit=args.store_memory), start_store(memory_limit=args.store_memory)
+    try:
+        spec = {"model": model, "store_a": a.url, "store_b": b.url, "disk_dir": str(disk),
+                "shm_dir": str(shm), "cases": cases, "repeat": args.repeat}  # fmt: skip
+        return {"cases": cases, "per_rank": run_world(spec, args.timeout)}
+    finally:
+        a.stop()
+        b.stop()
+
+
+def run_netns(args, model: dict, disk: Path, shm: Path) -> list[dict]:
+    """One world per host count, every host a shaped namespace host with its own store."""
+    why = netns.unavailable()
+    if why:
+        print(f"bench_reconfig: {why}", file=sys.stderr)
+        raise SystemExit(2)
+    prefix = netns.prefix_for("benchmarks/bench_reconfig")  # a killed run's namespaces go at the next one
+    probe = int(max(16 << 20, (args.nic_gbps or 2.0) * 1e9 / 8))  # about a second of traffic per host
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="tenplex-bench-net-") as tmp:
+        token = secrets.token_urlsafe(24)
+        token_file = Path(tmp) / "token"
+        token_file.write_text(token + "\n")
+        token_file.chmod(0o600)
+        for h in (int(x) for x in args.hosts.split(",")):
+            if h < 2:
+                raise SystemExit("--network netns needs at least 2 hosts")
+            world, cases = max(4, h), make_cases(args, h)
+            with netns.Network(prefix, gbps=args.nic_gbps, latency_ms=args.nic_latency_ms) as net:
+                names = [net.add_host(f"h{i}").name for i in range(h)]
+                urls = [net.start_store(n, str(token_file), str(Path(tmp) / f"store-{h}-{n}.log"),
+                                        memory_limit=args.store_memory)[0] for n in names]  # fmt: skip
+                on = [names[r * h // world] for r in range(world)]
+                before = ring_bandwidth(net, names, probe)
+                spec = {"model": model, "store_a": urls[0], "store_b": urls[-1], "disk_dir": str(disk),
+                        "shm_dir": str(shm), "cases": cases, "repeat": args.repeat,
+                        "rank_stores": [urls[names.index(x)] for x in on]}  # fmt: skip
+                per_rank = run_world(spec, args.timeout, world, net, on, token)
+                after = ring_bandwidth(net, names, probe)
+            shaped = max(min(before.values()), min(after.values()))
+            print(f"  {h} hosts: links {shaped * 8 / 1e9:.3f} Gbit/s (slowest host, in parallel)", flush=True)
+            runs.append({"cases": cases, "per_rank": per_rank, "shaped_bw": shaped,
+                         "ring_GBps": {"before": before, "after": after}})  # fmt: skip
+    return runs
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", choices=sorted(SIZES), default="full", help="state size (full ~1.2 GB)")
@@ -247,7 +412,13 @@ def main() -> None:
     p.add_argument("--store-memory", default="8GiB")
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--out", default=None)
+    p.add_argument("--network", choices=("loopback", "netns"), default="loopback",
+                   help="hosts as loopback stores, or as network namespaces (root)")  # fmt: skip
+    p.add_argument("--nic-gbps", type=float, default=None, help="netns: each host's NIC, each way")
+    p.add_argument("--nic-latency-ms", type=float, default=None, help="netns: added latency (needs netem)")
     args = p.parse_args()
+    if args.network == "netns" and args.hosts == "1,2":
+        args.hosts = "2,4"
 
     model = SIZES[args.size]
     cfg = GPTConfig(**model)
@@ -260,33 +431,31 @@ def main() -> None:
     mem_bw, sock_bw = memcpy_bandwidth(), socket_bandwidth()
     print(f"floor: memcpy {mem_bw / 1e9:.2f} GB/s, loopback socket {sock_bw / 1e9:.2f} GB/s", flush=True)
 
-    cases = [
-        {"name": name, "src": PAIRS[name][0], "dst": PAIRS[name][1], "hosts": int(h), "dcp": not args.no_dcp}
-        for name in args.pairs.split(",")
-        for h in args.hosts.split(",")
-    ]
-    a, b = start_store(memory_limit=args.store_memory), start_store(memory_limit=args.store_memory)
     disk = Path(tempfile.mkdtemp(prefix="tenplex-bench-dcp-", dir=disk_root))
     shm = Path(tempfile.mkdtemp(prefix="tenplex-bench-dcp-", dir="/dev/shm"))
     started = time.perf_counter()
     try:
-        spec = {"model": model, "store_a": a.url, "store_b": b.url, "disk_dir": str(disk),
-                "shm_dir": str(shm), "cases": cases, "repeat": args.repeat}  # fmt: skip
-        per_rank = run_world(spec, args.timeout)
+        if args.network == "netns":
+            runs = run_netns(args, model, disk, shm)
+        else:
+            runs = [run_loopback(args, model, disk, shm)]
     finally:
-        a.stop()
-        b.stop()
         for d in (disk, shm):
             subprocess.run(["rm", "-rf", str(d)], check=False)
     wall = time.perf_counter() - started
     mem_bw_after, sock_bw_after = memcpy_bandwidth(), socket_bandwidth()
     # the floor takes the better of the two measurements (the machine is shared and noisy)
     floor_mem, floor_sock = max(mem_bw, mem_bw_after), max(sock_bw, sock_bw_after)
-    rows = [summarise([r[i] for r in per_rank], floor_mem, floor_sock) for i in range(len(cases))]
+    rows = [
+        summarise([r[i] for r in run["per_rank"]], floor_mem, floor_sock, run.get("shaped_bw"))
+        for run in runs
+        for i in range(len(run["cases"]))
+    ]
+    cases = [c for run in runs for c in run["cases"]]
     os.environ.setdefault("COLUMNS", "240")  # the tables are wide; rich wraps at 80 columns without a tty
 
     print_rows(
-        f"reconfiguration, {cfg.param_count() / 1e6:.0f}M-param GPT + AdamW, 4 ranks (times: slowest rank)",
+        f"reconfiguration, {cfg.param_count() / 1e6:.0f}M-param GPT + AdamW (times: slowest rank)",
         rows,
         ["change", "src", "dst", "hosts", "save_s", "load_s", "total_s", "kept_GB", "same_host_GB",
          "relayed_GB", "cross_GB", "cross_lb_GB", "x_dcp_disk", "x_dcp_disk_cold", "x_dcp_shm", "x_central",
@@ -298,6 +467,14 @@ def main() -> None:
         ["change", "hosts", "dcp_disk_save_s", "dcp_disk_load_s", "dcp_disk_load_cold_s", "dcp_shm_save_s",
          "dcp_shm_load_s", "central_load_s", "floor_s"],
     )  # fmt: skip
+    if args.network == "netns":
+        print_rows(
+            f"tenplex vs central on namespace hosts, NIC {args.nic_gbps or 'unshaped'} Gbit/s each way "
+            "(Fig. 14-like; busiest = the most bytes one host's link carried in one direction)",
+            rows,
+            ["change", "hosts", "total_s", "central_total_s", "x_central", "busiest_GB", "central_busiest_GB",
+             "cross_bound_s", "load_s", "x_cross_bound", "nic_gbps_measured"],
+        )  # fmt: skip
     bad = [(r["change"], r["hosts"], r["bad"]) for r in rows if r["bad"]]
     if bad:
         print("WRONG VALUES after load:", bad)
@@ -313,8 +490,14 @@ def main() -> None:
         "wall_s": wall,
         "repeat": args.repeat,
         "command": " ".join(["python", "benchmarks/bench_reconfig.py", *sys.argv[1:]]),
+        "network": args.network,
     }
-    path = write_results("bench_reconfig", rows, meta, args.out)
+    if args.network == "netns":
+        meta.update(nic_gbps=args.nic_gbps, nic_latency_ms=args.nic_latency_ms,
+                    links_GBps={str(r["cases"][0]["hosts"]): r["ring_GBps"] for r in runs})  # fmt: skip
+    # namespace-host runs keep their own file, so neither kind of run replaces the other's figures
+    name = "bench_reconfig" if args.network == "loopback" else "bench_reconfig_netns"
+    path = write_results(name, rows, meta, args.out)
     print(f"wrote {path}; {wall:.0f} s for the cases")
     if bad:
         raise SystemExit(1)

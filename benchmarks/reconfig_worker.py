@@ -124,14 +124,28 @@ def local_bytes(sd: dict) -> int:
     return sum(t.to_local().numel() * t.to_local().element_size() for t in tensors(sd))
 
 
-def timed(fn, active: bool) -> tuple[float | None, object]:
-    """Run `fn` on the active ranks between two barriers of the whole world; this rank's seconds."""
+def timed(fn, active: bool, nic: dict | None = None) -> tuple[float | None, object]:
+    """Run `fn` on the active ranks between two barriers of the whole world; this rank's seconds. With
+    `nic`, this rank's host interface counters' growth over the two barriers goes into it."""
     dist.barrier()
+    before = nic_bytes()
     t = time.perf_counter()
     out = fn() if active else None
     seconds = time.perf_counter() - t if active else None
     dist.barrier()
+    if nic is not None and before is not None:
+        after = nic_bytes()
+        nic.update(bytes_in=after[0] - before[0], bytes_out=after[1] - before[1])
     return seconds, out
+
+
+def nic_bytes() -> tuple[int, int] | None:
+    """(received, sent) bytes of this namespace host's interface; None outside namespace hosts."""
+    ifname = os.environ.get("GLOO_SOCKET_IFNAME")
+    if not ifname or not os.environ.get("TENPLEX_BENCH_HOST"):
+        return None
+    stats = Path("/sys/class/net") / ifname / "statistics"
+    return int((stats / "rx_bytes").read_text()), int((stats / "tx_bytes").read_text())
 
 
 def evict(directory: Path) -> None:
@@ -198,29 +212,35 @@ def run_case(case: dict, cfg: GPTConfig, groups: dict, rank: int, stores: dict, 
     wa, wb = world_of(la), world_of(lb)
     in_a, in_b = rank < wa, rank < wb
     ga, gb = groups[wa], groups[wb]
-    os.environ["TENPLEX_STORE"] = stores["a"] if hosts == 1 or rank < 2 else stores["b"]
+    if "rank_stores" in stores:  # namespace hosts: every rank's own host store
+        os.environ["TENPLEX_STORE"] = stores["rank_stores"][rank]
+    else:
+        os.environ["TENPLEX_STORE"] = stores["a"] if hosts == 1 or rank < 2 else stores["b"]
     job = f"reconfig-{case['name']}-{hosts}h-{tag}"
     src = build(cfg, la, rank, zeros=False) if in_a else None
     dst = build(cfg, lb, rank, zeros=True) if in_b else None
-    res: dict = {"rank": rank, "src_bytes": local_bytes(src) if in_a else 0}
+    res: dict = {"rank": rank, "src_bytes": local_bytes(src) if in_a else 0,
+                 "host": os.environ.get("TENPLEX_BENCH_HOST"), "nic_load": {}, "nic_central": {}}  # fmt: skip
 
     t_save, handle = timed(lambda: tenplex.save(src, job=job, step=1, process_group=ga), in_a)
     res["save"] = t_save
     res["saved_bytes"] = handle.bytes_written if handle else 0
-    t_load, info = timed(lambda: tenplex.load(dst, job=job, process_group=gb), in_b)
+    t_load, info = timed(lambda: tenplex.load(dst, job=job, process_group=gb), in_b, res["nic_load"])
     res["load"] = t_load
     if info is not None:
         res["bytes"], res["plan_bytes"], res["load_inner"] = info.bytes, info.plan_bytes, info.seconds
         res["bad"] = check(dst)
     zero_b(dst, in_b)
-    t_central, info_c = timed(lambda: tenplex.load(dst, job=job, central=True, process_group=gb), in_b)
+    t_central, info_c = timed(
+        lambda: tenplex.load(dst, job=job, central=True, process_group=gb), in_b, res["nic_central"]
+    )
     res["central_load"] = t_central
     if info_c is not None:
         res["central_bytes"] = info_c.bytes
         res["bad_central"] = check(dst)
     dist.barrier()
     if rank == 0:
-        for url in sorted({stores["a"], stores["b"]}):
+        for url in sorted(set(stores.get("rank_stores", [])) | {stores["a"], stores["b"]}):
             if job in StoreClient(url).jobs():
                 StoreClient(url).delete_job(job)
     if case.get("dcp", True):
@@ -233,15 +253,18 @@ def run_case(case: dict, cfg: GPTConfig, groups: dict, rank: int, stores: dict, 
 def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    groups = {k: dist.new_group(list(range(k))) for k in (1, 2, 4)}
     spec = json.loads(os.environ["TENPLEX_BENCH_SPEC"])
+    sizes = {1, 2, 4} | {world_of(c[k]) for c in spec["cases"] for k in ("src", "dst")}
+    groups = {k: dist.new_group(list(range(k))) for k in sorted(sizes)}
     cfg = GPTConfig(**spec["model"])
     stores = {"a": spec["store_a"], "b": spec["store_b"]}
+    if spec.get("rank_stores"):
+        stores["rank_stores"] = spec["rank_stores"]
     dirs = {"disk": Path(spec["disk_dir"]), "shm": Path(spec["shm_dir"])}
     out = Path(os.environ["TENPLEX_BENCH_OUT"])
     # warm-up, untimed: first store writes, first DCP save/load, imports on first use
     tiny = GPTConfig(layers=4, hidden=64, heads=4, vocab=256, seq=64)
-    for hosts in (1, 2):
+    for hosts in (1, 2) if not spec.get("rank_stores") else (spec["cases"][0]["hosts"],):
         run_case({"name": "warmup", "src": [1, 2, 2], "dst": [2, 1, 2], "hosts": hosts}, tiny, groups, rank,
                  stores, dirs, "warmup")  # fmt: skip
     results = []

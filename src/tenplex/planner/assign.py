@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 
+import numpy as np
+
 from ..ptc import PTC, Mesh
 from .plan import Plan, SourceGrid, check_compatible, group_tensors, lost_ranks, plan
 from .stats import Bandwidth
@@ -182,7 +184,14 @@ def _match_devices(
     on_device: list[Counter[str]],
     host_of_rank: list[str],
 ) -> list[int]:
-    """A slot per rank within its host: the devices already holding the most of the ranks' bytes."""
+    """A slot per rank within its host: the devices already holding the most of the ranks' bytes.
+
+    An assignment problem per host (ranks x free slots, a few each): scipy's `linear_sum_assignment`.
+    scipy is imported here, not at the top, so that `tenplex.planner` (imported by every rank's `load`)
+    does not pay for scipy.optimize.
+    """
+    from scipy.optimize import linear_sum_assignment
+
     order = [-1] * len(slots)
     slots_on: dict[str, list[int]] = defaultdict(list)
     for s, (_, host) in enumerate(slots):
@@ -192,16 +201,9 @@ def _match_devices(
         ranks_on[host][roles[r]].append(r)
     for h, by_role in ranks_on.items():
         free = slots_on[h]
-        value = {
-            (i, j): on_device[role][slots[s][0]]
-            for i, role in enumerate(by_role)
-            for j, s in enumerate(free)
-            if on_device[role][slots[s][0]]
-        }
-        flow = transport([len(m) for m in by_role.values()], [1] * len(free), value)
-        for i, ranks in enumerate(by_role.values()):
-            it = iter(ranks)
-            for j, n in enumerate(flow[i]):
-                if n:
-                    order[next(it)] = free[j]
+        ranks = [r for members in by_role.values() for r in members]
+        held = np.array([[on_device[roles[r]][slots[s][0]] for s in free] for r in ranks], dtype=np.float64)
+        rows, cols = linear_sum_assignment(held, maximize=True)
+        for i, j in zip(rows, cols):
+            order[ranks[i]] = free[j]
     return order

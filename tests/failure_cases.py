@@ -26,12 +26,41 @@ def attempt(fn) -> object:
         return {"error": type(e).__name__, "message": str(e), "trace": traceback.format_exc()[-2000:]}
 
 
+def one_rank_fails(rank: int, pair) -> dict:
+    """A byte of a blob only rank 1 reads is flipped: rank 0's reads succeed, yet both ranks raise with
+    their targets untouched (none waits for the other), and with `path=` both load the DCP snapshot."""
+    lay, job = LAYOUTS["tp2"], "flipped"
+    tenplex.save(build(lay, rank, 5, False), job=job, step=1, process_group=pair)
+    path = os.environ["TENPLEX_TEST_DCP"] + "-flipped"
+    if rank == 0:
+        tenplex.persist(job, 1, path)
+        c = StoreClient(os.environ["TENPLEX_STORE"])
+        info = c.request("POST", f"/v1/jobs/{job}/versions/1/locate", {"names": ["r1/model.lin.weight"]})
+        with open(info["blobs"][0]["path"], "r+b") as f:
+            byte = f.read(1)
+            f.seek(0)
+            f.write(bytes([byte[0] ^ 0x01]))
+    dist.barrier(pair)
+    target = build(lay, rank, 5, True)
+    try:
+        tenplex.load(target, job=job, process_group=pair)
+        raised = ""
+    except tenplex.TenplexError as e:
+        raised = str(e)
+    untouched = check(target, 5)  # every tensor still zero: all of them differ from the saved ones
+    info = tenplex.load(target, job=job, path=path, process_group=pair)
+    return {"raised": raised, "untouched": untouched, "source": info.source, "bad": check(target, 5)}
+
+
 def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     world = dist.group.WORLD
     pair = dist.new_group([0, 1])
     out: dict = {}
+    if rank < 2:
+        out["one_rank_fails"] = attempt(lambda: one_rank_fails(rank, pair))
+    dist.barrier()
     # dp replicas on both hosts; pipeline stage 1 only on host B (whose store replicates to C)
     tenplex.save(build(LAYOUTS["dp2tp2"], rank, 1, False), job="replicas", step=1, process_group=world)
     if rank == 0:  # from now on B's committed versions are copied to C

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
+import signal
 
+import pytest
+import torch
+
+import tenplex
 from launch import run_ranks
 from tenplex.store import start_store
+from tenplex.transformer import ShapeMismatchError, StateError
 
 pytestmark = pytest.mark.dist
 
@@ -33,6 +38,14 @@ def results(tmp_path_factory):
             s.stop()
 
 
+def test_one_rank_failing_its_reads_fails_the_load_on_every_rank_before_any_write(results):
+    for r in range(2):
+        res = results[r]["one_rank_fails"]
+        assert "r1/model.lin.weight" in res["raised"] and "corrupted" in res["raised"], res
+        assert len(res["untouched"]) >= 7, res  # every tensor and the values still as built (zeros)
+        assert res["source"] == "durable" and res["bad"] == [], res
+
+
 def test_dp_replicas_on_a_surviving_host_serve_the_load(results):
     urls = results[-1]
     for r in range(2):
@@ -58,3 +71,107 @@ def test_lost_boxes_are_named_and_the_durable_snapshot_takes_over(results):
         assert "model.emb.weight" not in names  # stage 0 survived on host A
         durable = results[r]["durable"]
         assert durable.get("bad") == [] and durable["source"] == "durable", durable
+
+
+def _blob_file(c, job: str, step: int, name: str) -> str:
+    """The shared-memory file that holds a blob (what a flipped bit in a host's memory corrupts)."""
+    return c.request("POST", f"/v1/jobs/{job}/versions/{step}/locate", {"names": [name]})["blobs"][0]["path"]
+
+
+def _flip(path: str, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x40]))
+
+
+def _state(fill: float | None = None) -> dict:
+    """Two tensors over several checksum chunks (1 MiB each) and a value; `fill`: a target of sentinels."""
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(300_000, generator=g), torch.randn(4, 300_000, generator=g)
+    if fill is not None:
+        a, b = torch.full_like(a, fill), torch.full_like(b, fill)
+    return {"a": a, "b": b, "step": 7 if fill is None else -1}
+
+
+def test_a_corrupted_byte_fails_the_load_before_any_target_is_written(tmp_path):
+    """One flipped byte near the end of `b` (the last tensor read): the load raises and `a` and `b` keep
+    every sentinel (the reads used to land in the targets: `a` whole, `b` three quarters); with `path=`
+    the persisted DCP snapshot serves the load instead."""
+    source = _state()
+    with start_store() as s:
+        tenplex.save(source, job="flip", step=1, store=s.url)
+        tenplex.persist("flip", 1, str(tmp_path / "dcp"), store=s.url)
+        _flip(_blob_file(s.client(), "flip", 1, "r0/b"), 4 * 300_000 * 4 - 100)
+        target = _state(fill=-5.0)
+        with pytest.raises(StateError, match="checksum|different bytes|corrupt"):
+            tenplex.load(target, job="flip", store=s.url)
+        assert torch.equal(target["a"], torch.full_like(target["a"], -5.0))
+        assert torch.equal(target["b"], torch.full_like(target["b"], -5.0))
+        assert target["step"] == -1
+        info = tenplex.load(target, job="flip", store=s.url, path=str(tmp_path / "dcp"))
+        assert info.source == "durable" and "failed" in info.note, info
+        assert torch.equal(target["a"], source["a"]) and torch.equal(target["b"], source["b"])
+        assert target["step"] == 7
+
+
+def test_a_store_dying_mid_load_leaves_the_targets_or_falls_back(tmp_path, monkeypatch):
+    """The store holding the snapshot is SIGKILLed after the plan, as the first read starts: without
+    `path=` the load raises with the targets untouched; with it, the DCP snapshot serves the load."""
+    import tenplex.transformer.fetch as fetch
+
+    real = fetch.read_many
+    source = _state()
+    for fallback in (False, True):
+        with start_store() as own, start_store() as old:
+            tenplex.save(source, job="dies", step=1, store=old.url)
+            tenplex.persist("dies", 1, str(tmp_path / f"dcp{fallback}"), store=old.url)
+
+            def dying(requests, concurrency=8):
+                old.proc.send_signal(signal.SIGKILL)
+                old.proc.wait()
+                return real(requests, concurrency)
+
+            monkeypatch.setattr(fetch, "read_many", dying)
+            target = _state(fill=-5.0)
+            kw = {"path": str(tmp_path / f"dcp{fallback}")} if fallback else {}
+            if not fallback:
+                with pytest.raises(StateError):
+                    tenplex.load(target, job="dies", store=own.url, sources=[old.url], **kw)
+                assert torch.equal(target["b"], torch.full_like(target["b"], -5.0)) and target["step"] == -1
+                assert torch.equal(target["a"], torch.full_like(target["a"], -5.0))
+            else:
+                info = tenplex.load(target, job="dies", store=own.url, sources=[old.url], **kw)
+                assert info.source == "durable" and torch.equal(target["b"], source["b"]), info
+            monkeypatch.setattr(fetch, "read_many", real)
+
+
+def test_a_blob_whose_shape_differs_from_its_piece_is_refused():
+    """A blob replaced by one of another shape that still contains every box read (a foreign save's)
+    must not be read as the snapshot's piece."""
+    with start_store() as s:
+        tenplex.save({"w": torch.arange(12.0)}, job="shape", step=1, store=s.url)
+        c = s.client()
+        manifest = c.manifest("shape", 1)
+        c.create_version("shape", 2)
+        c.write_blob("shape", 2, "r0/w", torch.arange(24.0).numpy())
+        c.commit("shape", 2, {**manifest, "step": 2})
+        target = {"w": torch.zeros(12)}
+        with pytest.raises(StateError, match=r"float32\[24\].*float32\[12\]"):
+            tenplex.load(target, job="shape", store=s.url)
+        assert torch.equal(target["w"], torch.zeros(12))
+
+
+def test_the_durable_fallback_does_not_cast_dtypes(tmp_path):
+    """The memory path raises for a float64 target of a float32 snapshot; DCP would cast silently."""
+    with start_store() as s:
+        tenplex.save({"w": torch.arange(6.0)}, job="cast", step=1, store=s.url)
+        tenplex.persist("cast", 1, str(tmp_path / "dcp"), store=s.url)
+        target = {"w": torch.zeros(6, dtype=torch.float64)}
+        with pytest.raises(ShapeMismatchError, match=r"float32\[6\] in the snapshot but float64\[6\]"):
+            tenplex.load(target, job="cast", store=s.url)
+    with start_store() as empty:
+        with pytest.raises(ShapeMismatchError, match=r"float32\[6\] in .* but float64\[6\]"):
+            tenplex.load(target, job="cast", store=empty.url, path=str(tmp_path / "dcp"))
+        assert torch.equal(target["w"], torch.zeros(6, dtype=torch.float64))

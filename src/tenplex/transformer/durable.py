@@ -52,7 +52,7 @@ def assemble(
 ) -> tuple[int, PTC, dict[str, torch.Tensor]]:
     """Every tensor of a committed snapshot as one full tensor, each piece read from a store holding it
     (for persisting, and for comparing two runs' states)."""
-    snap = choose(job, step, [resolve(store)], with_lost=False)  # what a load would take: one complete save
+    snap = choose(job, step, [resolve(store)])  # what a load would take: one complete save
     step, ptc = snap.step, snap.ptc
     out = {}
     for name, meta in ptc.tensors.items():
@@ -76,6 +76,10 @@ def _read_piece(ptc: PTC, job: str, step: int, name: str, piece: Any, out: Any) 
         except StoreError as e:
             errors.append(f"rank {r}: {e}")
     raise StateError(f"no copy of {name} {piece.box} could be read: {'; '.join(errors)}")
+
+
+def _name(dtype: Any) -> str:
+    return DTYPES.get(dtype, str(dtype))
 
 
 def load_durable(
@@ -108,9 +112,11 @@ def load_durable(
     state = {n: t for n, t in tensors.items() if n in saved_names}
     for name, t in state.items():
         size = tuple(getattr(meta[name], "size", ()))
-        if size != tuple(t.shape):
+        dtype = getattr(getattr(meta[name], "properties", None), "dtype", None)
+        if size != tuple(t.shape) or dtype != t.dtype:  # DCP would cast a dtype silently
             raise ShapeMismatchError(
-                f"tensor {name!r} is {list(size)} in {path} but {list(t.shape)} in the target"
+                f"tensor {name!r} is {_name(dtype)}{list(size)} in {path} "
+                f"but {_name(t.dtype)}{list(t.shape)} in the target"
             )
     dcp.load(state, checkpoint_id=path, process_group=process_group)
     restore(state_dict, tree, {k: v for k, v in saved_values.items() if k in values})

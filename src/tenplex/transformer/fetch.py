@@ -41,13 +41,17 @@ def execute(
     central: bool,
     concurrency: int,
     shared: set[tuple[str, Any, int]],
-) -> dict[str, int]:
-    """Pull every box of this rank into its tensors; returns the bytes moved by route.
+) -> tuple[dict[str, int], list[Staged]]:
+    """Pull every box of this rank into scratch buffers of its tensors; returns the bytes moved by route
+    and the staged tensors, whose `finish()` writes the targets (the caller does, once every rank's boxes
+    arrived and verified: a failed load leaves every target as it was).
 
     Boxes read from one store are batched (one lookup on this host, one request over the network per
     batch) and the stores are read in parallel; boxes several local ranks need from another host go
     through this host's store, which fetches each once."""
-    staged = {name: Staged(shards[name].local, fill=False) for name in {f.tensor for f in fetches}}
+    staged = {
+        name: Staged(shards[name].local, fill=False, scratch=True) for name in {f.tensor for f in fetches}
+    }
     own = client(url)
     hub: StoreClient | None = client(old.mesh.hosts[0]) if central else None
     sources = {(name, r): piece.box for name in staged for piece in old.pieces(name) for r in piece.holders}
@@ -84,9 +88,7 @@ def execute(
         raise StateError(f"loading the snapshot of {job!r} at step {step}: {e}") from e
     for dst, out in copies:
         np.copyto(dst, out)
-    for s in staged.values():
-        s.finish()
-    return moved
+    return moved, list(staged.values())
 
 
 def drop_relays(job: str, step: int, url: str, stores: list[str], me: int) -> None:

@@ -76,10 +76,24 @@ def load(
         return fallback("unrecoverable", UnrecoverableError([(t, str(b)) for t, b in p.unrecoverable]))
     me = world.rank(group)
     shared = shared_remote_boxes(p, new.mesh.hosts[me])
-    moved = execute(p.for_rank(me), shards, job, snap.step, old_view, url, central, concurrency, shared)
-    restore(state_dict, tree, {k: v for k, v in old.values.items() if k in values})
-    world.barrier(group)
+    moved, staged, failure = {}, [], None
+    try:
+        moved, staged = execute(
+            p.for_rank(me), shards, job, snap.step, old_view, url, central, concurrency, shared
+        )
+    except Exception as e:  # every rank learns of it below, so none waits for the others forever
+        failure = e
+    failed = [(r, f) for r, f in enumerate(world.all_gather(_describe(failure), group)) if f is not None]
     drop_relays(job, snap.step, url, [lay.store for lay in layouts], me)
+    if failed:  # nothing was written; every rank takes the same way out: fall back, or raise
+        r, (_, why) = failed[0]
+        error = failure or StateError(f"rank {r} could not load the snapshot: {why}")
+        if not all(ok for _, (ok, _) in failed):  # not the stores' fault (a bug): no fallback hides it
+            raise error
+        return fallback(f"reading the snapshot failed on rank {r}: {why}", error)
+    for st in staged:  # every box of every rank arrived and verified: now the targets are written
+        st.finish()
+    restore(state_dict, tree, {k: v for k, v in old.values.items() if k in values})
     missing, unexpected = _differences(old, new, wanted)
     s = p.stats
     return LoadInfo(
@@ -93,6 +107,11 @@ def load(
         plan_bytes={"kept": s.kept, "same_host": s.same_host, "relayed": s.relayed,
                     "cross_host": s.cross_host, "cross_host_lower_bound": s.cross_host_lower_bound},
     )  # fmt: skip
+
+
+def _describe(error: BaseException | None) -> tuple[bool, str] | None:
+    """What the other ranks learn of a rank's failed reads: whether a fallback may serve, and why."""
+    return None if error is None else (isinstance(error, StateError), f"{type(error).__name__}: {error}")
 
 
 def _differences(old: PTC, new: PTC, values: dict[str, Any]) -> tuple[list[str], list[str]]:

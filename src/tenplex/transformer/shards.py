@@ -72,11 +72,12 @@ def as_numpy(t: torch.Tensor) -> np.ndarray:
 
 
 class Staged:
-    """Host memory for a tensor's bytes: the tensor itself on CPU, a copy for accelerators."""
+    """Host memory for a tensor's bytes: the tensor itself on CPU, a copy for accelerators, and always a
+    copy with `scratch` (a load writes its targets only once every box arrived and verified)."""
 
-    def __init__(self, t: torch.Tensor, fill: bool) -> None:
+    def __init__(self, t: torch.Tensor, fill: bool, scratch: bool = False) -> None:
         self.tensor = t
-        if t.device.type == "cpu" and t.is_contiguous():
+        if t.device.type == "cpu" and t.is_contiguous() and not scratch:
             self.host = t
         else:
             self.host = torch.empty(t.shape, dtype=t.dtype, device="cpu")

@@ -72,16 +72,18 @@ class LoadInfo:
     plan_bytes: dict[str, int] = field(default_factory=dict)  # the whole job's plan statistics
 
 
-def choose(job: str, step: int | None, urls: list[str], *, with_lost: bool = True) -> Snapshot:
+def choose(job: str, step: int | None, urls: list[str], *, check: bool = True) -> Snapshot:
     """The newest snapshot of `job` (or version `step`) that is complete on the reachable stores among
-    `urls`, with its lost and remapped stores (`with_lost`). Raises NoSnapshotError when there is none and
-    StateError when the stores misbehave (a job must not silently start over then)."""
+    `urls`. With `check`, also its lost and remapped stores, and every blob it will be read from checked
+    against its piece. Raises NoSnapshotError when there is none and StateError when the stores misbehave
+    (a job must not silently start over then)."""
     try:
         found, manifest = _newest(job, step, urls)
         snap = Snapshot(found, manifest)
-        if with_lost:
+        if check:
             lost, snap.remap = _lost_stores(snap.ptc, job, found, manifest.get("replicas", {}))
             snap.lost = sorted(lost)
+            check_blobs(snap.view(), job, found, lost)
         return snap
     except StoreError as e:
         raise StateError(f"job {job!r}: cannot read the snapshots in the stores ({e})") from None
@@ -91,7 +93,7 @@ def newest_step(job: str, stores: list[str]) -> int | None:
     """The step `load` would resume `job` from with these stores, or None when there is no snapshot (or
     the stores cannot tell)."""
     try:
-        return choose(job, None, stores, with_lost=False).step
+        return choose(job, None, stores, check=False).step
     except StateError:
         return None
 
@@ -164,3 +166,24 @@ def _lost_stores(
                 if needed <= held:
                     remap[dead] = url
     return down - set(remap), remap
+
+
+def check_blobs(view: PTC, job: str, step: int, lost: set[str]) -> None:
+    """Every blob a load may read is in its store with its piece's shape and its tensor's dtype, so that a
+    blob of another layout or dtype is never read as this snapshot's (one listing per store)."""
+    expected: dict[str, dict[str, tuple[list[int], str]]] = defaultdict(dict)  # store -> blob -> meta
+    for r, host in enumerate(view.mesh.hosts):
+        if host not in lost:
+            for s in view.shards(r):
+                expected[host][blob_name(r, s.tensor)] = (list(s.box.shape), view.tensors[s.tensor].dtype)
+    for url, blobs in sorted(expected.items()):
+        listing = {b["name"]: b for b in client(url).blobs(job, step)}
+        for name, (shape, dtype) in sorted(blobs.items()):
+            b = listing.get(name)
+            if b is None:
+                raise StateError(f"store {url} lacks blob {name!r} of {job!r} at step {step}")
+            if (list(b.get("shape", [])), b.get("dtype")) != (shape, dtype):
+                raise StateError(
+                    f"blob {name!r} of {job!r} at step {step} in {url} is {b.get('dtype')}{b.get('shape')}, "
+                    f"but the snapshot's piece is {dtype}{shape}"
+                )

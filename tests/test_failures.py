@@ -105,7 +105,7 @@ def test_a_corrupted_byte_fails_the_load_before_any_target_is_written(tmp_path):
         tenplex.persist("flip", 1, str(tmp_path / "dcp"), store=s.url)
         _flip(_blob_file(s.client(), "flip", 1, "r0/b"), 4 * 300_000 * 4 - 100)
         target = _state(fill=-5.0)
-        with pytest.raises(StateError, match="checksum|different bytes|corrupt"):
+        with pytest.raises(StateError, match=r"corrupted"):
             tenplex.load(target, job="flip", store=s.url)
         assert torch.equal(target["a"], torch.full_like(target["a"], -5.0))
         assert torch.equal(target["b"], torch.full_like(target["b"], -5.0))

@@ -1,0 +1,228 @@
+"""Rewrite the benchmark tables in README.md and docs/*.md from results/*.json, so no figure is typed by hand.
+
+A table sits between `<!-- table:NAME -->` and `<!-- /table:NAME -->`; NAME is one of `TABLES` below,
+each placed exactly once. What is between the markers is replaced by a line naming the command and the
+results file, then the table; when the file is missing, by "not measured yet: run CMD" (never a stale
+figure). Prose around the tables is not touched: say "the table" there, not the figure.
+
+    python scripts/tables.py            # rewrite
+    python scripts/tables.py --check    # exit 1, naming them, when tables differ from the JSON (the tests)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MARKER = re.compile(r"(<!-- table:([\w-]+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)
+
+Cell = Callable[[dict], str]
+
+
+def num(v: object, digits: int = 3) -> str:
+    """A figure as the tables print it: 3 significant digits, thousands separated, '–' for none."""
+    if v is None or v == "":
+        return "–"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        if v != 0 and abs(v) >= 10**digits:
+            return f"{v:,.0f}"
+        return f"{v:.{digits}g}"
+    return str(v)
+
+
+def key(name: str, fmt: Callable[[object], str] = num) -> Cell:
+    return lambda row: fmt(row.get(name))
+
+
+def times(name: str) -> Cell:
+    return lambda row: "–" if row.get(name) is None else f"{row[name]:,.0f}×"
+
+
+def size(name: str) -> Cell:
+    """Decimal bytes from a `*_GB` figure, in the largest unit that keeps it readable."""
+
+    def cell(row: dict) -> str:
+        gb = row.get(name)
+        if gb is None:
+            return "–"
+        for unit, scale in (("TB", 1e3), ("GB", 1), ("MB", 1e-3)):
+            if gb >= scale or unit == "MB":
+                return f"{num(gb / scale, 3)} {unit}"
+        raise AssertionError
+
+    return cell
+
+
+def store_result(row: dict) -> str:
+    if "GB/s" in row:
+        return num(row["GB/s"], 2)
+    skip = {"case", "ok", "ratio", "target", "baseline", "baseline GB/s"}
+    return "; ".join(f"{k} {num(v)}" for k, v in row.items() if k not in skip)
+
+
+def store_baseline(row: dict) -> str:
+    if "baseline GB/s" in row:
+        return f"{row.get('baseline', '')} ({num(row['baseline GB/s'], 3)})"
+    return num(row.get("baseline"))
+
+
+def plain(keys: str) -> tuple[tuple[str, Cell], ...]:
+    """Columns headed by their JSON keys (space-separated)."""
+    return tuple((k, key(k)) for k in keys.split())
+
+
+@dataclass(frozen=True)
+class Table:
+    results: str  # the file under results/
+    command: str  # what writes it
+    columns: tuple[tuple[str, Cell], ...]
+    rows: Callable[[dict], bool] = lambda row: True
+
+    def render(self, root: Path) -> str:
+        path = root / "results" / self.results
+        if not path.exists():
+            return f"Not measured yet: run `{self.command}` (writes `results/{self.results}`).\n"
+        doc = json.loads(path.read_text())
+        when = doc.get("when") or doc.get("meta", {}).get("when")
+        machine = doc.get("machine") or doc.get("meta", {}).get("machine")
+        cpus = f", {machine['cpus']} CPUs" if isinstance(machine, dict) and "cpus" in machine else ""
+        head = f"`{self.command}` → `results/{self.results}`" + (f" ({when}{cpus})" if when else "") + ":\n\n"
+        lines = ["| " + " | ".join(h for h, _ in self.columns) + " |", "|" + "---|" * len(self.columns)]
+        lines += [
+            "| " + " | ".join(c(r) for _, c in self.columns) + " |" for r in doc["rows"] if self.rows(r)
+        ]
+        return head + "\n".join(lines) + "\n"
+
+
+PLANNER = "python benchmarks/bench_planner.py"
+RECONFIG = "python benchmarks/bench_reconfig.py"
+TABLES: dict[str, Table] = {
+    "planner": Table(
+        "bench_planner.json",
+        PLANNER,
+        (
+            ("model", key("model")),
+            ("devices", lambda r: r["devices"].replace("->", " → ")),
+            ("tensors", key("tensors")),
+            ("new shards", key("new_shards")),
+            ("plan (s)", key("plan_s")),
+            ("all-pairs (s)", key("all_pairs_s")),
+            ("speed-up", times("speedup_vs_all_pairs")),
+        ),
+    ),
+    "planner-match": Table(
+        "bench_planner.json",
+        PLANNER,
+        (
+            ("model", key("model")),
+            ("devices", lambda r: r["devices"].replace("->", " → ")),
+            ("match (s)", key("assign_s")),
+            ("cross-host, numbering", size("cross_host_GB")),
+            ("cross-host, matched", size("matched_cross_host_GB")),
+            ("ratio", key("matched_vs_numbering", lambda v: num(v, 2))),
+        ),
+    ),
+    "store": Table(
+        "bench_store.json",
+        "python benchmarks/bench_store.py",
+        (
+            ("case", key("case")),
+            ("GB/s", store_result),
+            ("baseline (GB/s)", store_baseline),
+            ("ratio", key("ratio", lambda v: num(v, 2))),
+            ("target", key("target")),
+        ),
+    ),
+    "reconfig": Table(
+        "bench_reconfig.json",
+        RECONFIG,
+        plain(
+            "change src dst hosts save_s load_s total_s kept_GB same_host_GB relayed_GB cross_GB "
+            "cross_lb_GB x_dcp_disk x_dcp_disk_cold x_dcp_shm x_central x_floor"
+        ),
+    ),
+    "reconfig-baselines": Table(
+        "bench_reconfig.json",
+        RECONFIG,
+        plain(
+            "change hosts dcp_disk_save_s dcp_disk_load_s dcp_disk_load_cold_s dcp_shm_save_s "
+            "dcp_shm_load_s central_load_s floor_s"
+        ),
+    ),
+    "reconfig-netns": Table(
+        "bench_reconfig_netns.json",
+        f"sudo -E {RECONFIG} --network netns",
+        plain(
+            "change hosts total_s central_total_s x_central busiest_GB central_busiest_GB "
+            "cross_bound_s load_s x_cross_bound nic_gbps_measured"
+        ),
+    ),
+    "train": Table(
+        "bench_train_small.json",
+        "python benchmarks/bench_train.py --model small --out results/bench_train_small.json",
+        (
+            ("layout", key("layout")),
+            ("step time (s)", key("step_time_s")),
+            ("tokens/s", key("tokens_per_s", lambda v: f"{v:,.0f}")),
+            ("vs 1 rank", key("vs_1_rank", lambda v: num(v, 2))),
+        ),
+    ),
+}
+
+
+def documents(root: Path) -> list[Path]:
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def rewrite(root: Path) -> dict[Path, str]:
+    """Every document's text with its tables rendered; raises on unknown, missing or repeated tables."""
+    out, seen = {}, {}
+    for doc in documents(root):
+        if not doc.exists():
+            continue
+        text = doc.read_text()
+        for m in MARKER.finditer(text):
+            name = m.group(2)
+            if name not in TABLES:
+                raise SystemExit(
+                    f"{doc.relative_to(root)}: unknown table {name!r} (known: {', '.join(TABLES)})"
+                )
+            if name in seen:
+                raise SystemExit(f"table {name!r} is in both {seen[name]} and {doc.relative_to(root)}")
+            seen[name] = doc.relative_to(root)
+        out[doc] = MARKER.sub(lambda m: m.group(1) + TABLES[m.group(2)].render(root) + m.group(4), text)
+    missing = sorted(set(TABLES) - set(seen))
+    if missing:
+        raise SystemExit(f"tables placed nowhere (add <!-- table:NAME --> markers): {', '.join(missing)}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if a table is out of date")
+    ap.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    stale = []
+    for doc, text in rewrite(args.root).items():
+        if doc.read_text() != text:
+            stale.append(str(doc.relative_to(args.root)))
+            if not args.check:
+                doc.write_text(text)
+    if stale:
+        verb = "out of date (run python scripts/tables.py)" if args.check else "rewritten"
+        print(f"tables {verb}: {', '.join(stale)}", file=sys.stderr)
+    return 1 if stale and args.check else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -24,16 +24,7 @@ PACKAGE = ROOT / "src" / "tenplex"
 TORCH_FREE = ("util", "ptc", "planner", "store")
 
 # (importer, imported) -> why it is still there and what removes it
-ALLOWED: dict[tuple[str, str], str] = {
-    (
-        "tenplex.runtime.controller",
-        "tenplex",
-    ): "persist via the facade; issue 13 item 2",
-    (
-        "tenplex.runtime.job",
-        "tenplex.train.worker",
-    ): "init_distributed; issue 13 item 4",
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 # circles of modules -> what removes them
 ALLOWED_CYCLES: dict[tuple[str, ...], str] = {}
 

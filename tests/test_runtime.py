@@ -25,7 +25,7 @@ from tenplex.runtime.chooser import (
     parse_table,
     self_check,
 )
-from tenplex.runtime.cluster import health
+from tenplex.runtime.hosts import health
 from tenplex.runtime.schedule import ScheduleError, parse_schedule
 from tenplex.store.process import logged_stores
 
@@ -123,23 +123,32 @@ def test_para_config_overrides_and_is_validated():
 # -- placing ranks ----------------------------------------------------------------------------------------
 
 
-def test_the_controller_starts_each_rank_where_its_state_lies(tmp_path):
-    from tenplex.runtime.controller import Controller, Phase, RunConfig
+def test_each_rank_starts_where_its_state_lies():
+    from tenplex.runtime.placement import Placed, match
     from tenplex.train.config import TrainConfig
 
-    cfg = RunConfig(
-        TrainConfig(model="tiny"), parse_schedule([{"step": 0, "devices": 4}]), 10, tmp_path, quiet=True
-    )
-    c = Controller(cfg)
+    ptc_of = TrainConfig(model="tiny").state_ptc
     hosts = [[f"h{h}/d0", f"h{h}/d1"] for h in range(4)]
     every = [d for h in hosts for d in h]
-    assert c._match(Layout(2, 2, 2), every, None) == every  # nothing to load: allocation order
-    prev = Phase(0, Layout(1, 2, 2), hosts[0] + hosts[1], 0, 5)  # stage 0 on h0, stage 1 on h1
+    assert match(None, Layout(2, 2, 2), every, [], ptc_of) == every  # nothing to load: allocation order
+    assert (
+        match(Placed(Layout(1, 2, 2), tuple(hosts[0] + hosts[1])), Layout(2, 2, 2), every, [], None) == every
+    )
+    prev = Placed(Layout(1, 2, 2), tuple(hosts[0] + hosts[1]))  # stage 0 on h0, stage 1 on h1
     # (pp, dp, tp) rank order: stage 1's first replica (ranks 4, 5) stays on h1's devices; numbering
     # would have sent it to h2 and moved both stages across hosts
-    assert c._match(Layout(2, 2, 2), every, prev) == hosts[0] + hosts[2] + hosts[1] + hosts[3]
-    c.cluster.failed_hosts.add("h1")  # h1 is gone: its stage comes from elsewhere, the rest stays put
-    assert c._match(Layout(1, 2, 2), hosts[0] + hosts[2], prev)[:2] == hosts[0]
+    assert match(prev, Layout(2, 2, 2), every, [], ptc_of) == hosts[0] + hosts[2] + hosts[1] + hosts[3]
+    # h1 is gone: its stage comes from elsewhere, the rest stays put
+    assert match(prev, Layout(1, 2, 2), hosts[0] + hosts[2], ["h1"], ptc_of)[:2] == hosts[0]
+
+
+def test_placement_says_why_it_cannot_match():
+    from tenplex.runtime.placement import MatchSkipped, Placed, match
+    from tenplex.train.config import TrainConfig
+
+    ptc_of = TrainConfig(model="tiny").state_ptc
+    with pytest.raises(MatchSkipped, match="heads"):  # tiny has 4 heads
+        match(Placed(Layout(1, 1, 1), ("h0/d0",)), Layout(1, 3, 1), ["h0/d0", "h0/d1", "h1/d0"], [], ptc_of)
 
 
 # -- whole jobs -------------------------------------------------------------------------------------------
@@ -252,4 +261,4 @@ def test_a_reconfiguration_itself_changes_nothing_bit_for_bit(tmp_path):
         assert param_noise <= PARAM_TOLERANCE
     finally:
         for c in runs.values():
-            c.cluster.shutdown()
+            c.hosts.shutdown()

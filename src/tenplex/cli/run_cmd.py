@@ -53,12 +53,9 @@ def _script(text: str | None) -> list[str] | None:
 
 
 def _table(path: str | None) -> dict | None:
-    if not path:
-        return None
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise PTCError(f"cannot read para-config {path!r}: {e}") from None
+    from ..runtime.tables import read_table
+
+    return read_table(path, "para-config") if path else None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,15 +81,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         controller.run()  # an exception or a kill leaves the stores up, so that a rerun resumes
     except JobFailed as e:
-        pids = " ".join(str(v["pid"]) for v in controller.cluster.stores.values())
+        pids = " ".join(str(v["pid"]) for v in controller.hosts.stores.values())
         print(f"tenplex run: {e}\nthe stores keep the snapshots for a rerun with the same --run-dir "
               f"(or stop them: kill {pids})", file=sys.stderr)  # fmt: skip
         return 1
     if args.keep_stores:
-        stores = controller.cluster.stores.items()
+        stores = controller.hosts.stores.items()
         print("stores left running: " + ", ".join(f"{h} {v['url']}" for h, v in stores))
     else:
-        controller.cluster.shutdown()
+        controller.hosts.shutdown()
     s = summary(run_dir)
     write_json(run_dir / "summary.json", s)
     png = plot(run_dir, run_dir / "timeline.png")

@@ -15,7 +15,6 @@ import os
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,6 +22,7 @@ from scipy.optimize import nnls
 
 from ..ptc import GPTConfig, PTCError, preset
 from ..ptc.layout import Layout, layouts
+from .tables import read_table
 
 FEATURES = ("constant", "compute", "tp_comm", "tp_calls", "dp_comm", "pp_comm", "processes")
 
@@ -111,7 +111,7 @@ def calibration() -> dict:
     """The benchmark rows the model is fitted to: $TENPLEX_CALIBRATION, else the packaged measurement."""
     path = os.environ.get(CALIBRATION_ENV)
     if path:
-        return json.loads(Path(path).read_text())
+        return read_table(path, "calibration", ChooserError)
     return json.loads(resources.files(__package__).joinpath("calibration.json").read_text())
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..train.config import TrainConfig
 from .controller import Controller, RunConfig
+from .hosts import host_of
 from .report import losses, plot, print_report, summary, timeline, write_json
 from .schedule import parse_schedule
 
@@ -34,7 +35,7 @@ def compare_parameters(elastic: Controller, static: Controller) -> float:
 
     def final(ctl: Controller) -> dict:
         step = ctl._committed_step()
-        url = ctl.cluster.allocation and ctl.cluster.store_url(ctl.cluster.host_of(ctl.cluster.allocation[0]))
+        url = ctl.hosts.allocation and ctl.hosts.store_url(host_of(ctl.hosts.allocation[0]))
         return assemble(ctl.cfg.job, step, store=url)[2]
 
     a, b = final(elastic), final(static)
@@ -69,8 +70,8 @@ def run_demo(run_dir: Path, model: str = "tiny", steps: int = 60, quiet: bool = 
         ref.run()
         params = compare_parameters(ctl, ref)
     finally:
-        ctl.cluster.shutdown()
-        ref.cluster.shutdown()
+        ctl.hosts.shutdown()
+        ref.hosts.shutdown()
     reference = losses(timeline(static.run_dir))
     s = summary(elastic.run_dir, reference, LOSS_TOLERANCE)
     s["static"]["max_param_diff"] = params

@@ -14,29 +14,18 @@ its store (TENPLEX_STORE) and every store a snapshot may be in (TENPLEX_SOURCES)
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
 from dataclasses import asdict
-from pathlib import Path
-from typing import Any
 
 from ..train.config import add_train_args, config_from_args
+from .spec import WorkerSpec
+from .tables import read_table
 
 
-def _read_table(path: str) -> dict:
-    """A para-config file (JSON, or YAML when PyYAML is installed): devices -> {dp, tp, pp}."""
-    text = Path(path).read_text()
-    if path.endswith((".yaml", ".yml")):
-        import yaml
-
-        return yaml.safe_load(text)
-    return json.loads(text)
-
-
-def build_spec(argv: list[str] | None = None) -> dict[str, Any]:
-    """The worker spec from command-line flags; the layout is left to the chooser (it follows WORLD_SIZE)."""
+def build_spec(argv: list[str] | None = None) -> WorkerSpec:
+    """The worker spec from command-line flags; no layout: the rank chooses one for its WORLD_SIZE."""
     p = argparse.ArgumentParser(
         prog="python -m tenplex.runtime.elastic",
         description="one rank of a tenplex job under torchrun (c10d rendezvous, elastic membership)",
@@ -46,25 +35,24 @@ def build_spec(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--out", required=True, help="directory for records (worker.jsonl, ledgers)")
     p.add_argument("--snapshot-every", type=int, default=2, help="async snapshot every N steps (0: never)")
     p.add_argument("--until", type=int, default=0, help="stop at this step (0: --steps)")
-    p.add_argument("--table", default=None, help="para-config file: devices -> {dp, tp, pp}")
+    p.add_argument("--table", default=None, help="para-config file (JSON or YAML): devices -> {dp, tp, pp}")
     p.add_argument("--durable", default=None, help="persisted DCP snapshot to fall back to")
     p.add_argument("--stop-file", default=None, help="stop (and save) at the next step once this exists")
     p.add_argument("--min-step-seconds", type=float, default=0.0, help="pace steps (emulates slower devices)")
     args = p.parse_args(argv)
     cfg = config_from_args(args)
-    cfg.dp = cfg.tp = cfg.pp = 1  # chosen per WORLD_SIZE in the worker
-    return {
-        "train": asdict(cfg),
-        "job": args.job,
-        "until": args.until or cfg.steps,
-        "snapshot_every": args.snapshot_every,
-        "out": args.out,
-        "stop_file": args.stop_file,
-        "durable": args.durable,
-        "choose": True,
-        "table": _read_table(args.table) if args.table else None,
-        "min_step_seconds": args.min_step_seconds,
-    }
+    cfg.dp = cfg.tp = cfg.pp = 1  # chosen per WORLD_SIZE in the rank
+    return WorkerSpec(
+        job=args.job,
+        until=args.until or cfg.steps,
+        snapshot_every=args.snapshot_every,
+        out=args.out,
+        stop_file=args.stop_file,
+        durable=args.durable,
+        train=asdict(cfg),
+        table=read_table(args.table, "para-config") if args.table else None,
+        min_step_seconds=args.min_step_seconds,
+    ).placed()
 
 
 COMMIT_GRACE_S = 10.0
@@ -88,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         print("tenplex elastic: run me under torchrun (WORLD_SIZE is not set)", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _finish_commits_then_exit)
-    from .worker import run
+    from .reference_rank import run
 
     return run(spec)
 

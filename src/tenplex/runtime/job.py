@@ -1,14 +1,13 @@
 """One rank's side of an elastic job, for any training script: resume, when to stop, snapshots, records.
 
-`tenplex run --script train.py` starts the script on every rank of every phase and hands it a spec
-(`TENPLEX_WORKER_SPEC`: job name, the step to stop at, the snapshot interval, where records go, the stop
-file, the layout it chose); under torchrun or alone the same script takes those from its arguments. The
-reference workload's worker is such a script too.
+`tenplex run --script train.py` starts the script on every rank of every phase and hands it a
+`WorkerSpec` (job name, the step to stop at, the snapshot interval, where records go, the stop file, this
+rank's store); under torchrun or alone the same script takes those from its arguments. The reference
+workload's rank is such a script too. Nothing here imports the reference workload.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
@@ -19,9 +18,10 @@ import torch
 import torch.distributed as dist
 
 from ..ptc import TenplexError
-from ..train.worker import init_distributed
 from ..transformer import NoSnapshotError, SaveHandle, load, save
+from ..transformer.world import init_distributed
 from .records import Records
+from .spec import WorkerSpec, job_name
 
 State = dict[str, Any] | Callable[[], dict[str, Any]]
 
@@ -52,28 +52,29 @@ class ElasticJob:
         durable: str | None = None,
         device: str = "auto",
         keep: int = 3,
-        spec: dict[str, Any] | None = None,
+        spec: WorkerSpec | None = None,
     ) -> None:
-        if spec is None and os.environ.get("TENPLEX_WORKER_SPEC"):
-            spec = json.loads(Path(os.environ["TENPLEX_WORKER_SPEC"]).read_text())
-        spec = spec or {}
-        self.name = spec.get("job") or name or os.environ.get("TENPLEX_JOB")
+        spec = spec or WorkerSpec.from_env()  # under `tenplex run`, the runtime's settings win
+        self.spec = spec
+        self.name = (spec.job if spec else None) or name or job_name()
         if not self.name:
             raise JobError("name the job: ElasticJob('my-job'), $TENPLEX_JOB, or run it under `tenplex run`")
-        limit = spec.get("until", until)
+        limit = spec.until if spec else until
         if limit is None:
             raise JobError("say at which step the job ends: ElasticJob(..., until=STEPS)")
         self.until = int(limit)
-        self.every = int(spec.get("snapshot_every", snapshot_every) or 0)
-        self.stop_file = spec.get("stop_file", stop_file)
-        self.durable = spec.get("durable", durable)
-        self.layout: dict[str, int] | None = spec.get("layout")  # the runtime chose it; scripts may ignore it
+        self.every = int((spec.snapshot_every if spec else snapshot_every) or 0)
+        self.stop_file = spec.stop_file if spec else stop_file
+        self.durable = spec.durable if spec else durable
+        self.store = spec.store if spec else None  # None: the transformer's default ($TENPLEX_STORE)
+        self.sources = (spec.sources if spec else None) or None  # None: the transformer finds them
         self.keep = keep
-        if device != "cpu" and torch.cuda.is_available() and not dist.is_initialized():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
         init_distributed(device)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.out = spec.get("out", out)
+        # what the phase runs, as the live view, the table and the plot name it: the layout the runtime
+        # chose (the reference workload), else the one the script reports in `ready`, else the world size
+        self.label = str(spec.layout) if spec and spec.layout else f"world{self.world}"
+        self.out = spec.out if spec else out
         self.records = Records(Path(self.out) / "worker.jsonl") if self.out and self.rank == 0 else None
         self._ledger: Records | None = None
         self.saved = -1  # the newest step this job committed that this process knows of
@@ -101,9 +102,9 @@ class ElasticJob:
     def resume(self, state: dict[str, Any]) -> int:
         """Load the newest committed snapshot into `state` in place; its step, or 0 when there is none."""
         try:
-            info = load(state, job=self.name, path=self.durable)
+            info = load(state, job=self.name, path=self.durable, store=self.store, sources=self.sources)
         except NoSnapshotError:
-            self.record("fresh", step=0, layout=self._layout_name())
+            self.record("fresh", step=0, layout=self.label)
             return 0
         self._load_seconds, self.resumed = info.seconds, True
         if info.source == "memory":  # loaded from a DCP checkpoint, the stores do not hold this step yet
@@ -117,20 +118,22 @@ class ElasticJob:
             source=info.source,
             plan=info.plan_bytes,
             lost_stores=info.lost_stores,
-            layout=self._layout_name(),
+            layout=self.label,
         )
         return info.step
 
-    def ready(self, step: int, **fields: Any) -> None:
+    def ready(self, step: int, *, layout: str | None = None, **fields: Any) -> None:
         """Mark the end of the restart (the downtime the controller reports ends here); `running` calls it
-        if the script did not. `build_seconds`: building the model and optimizer, without the load."""
+        if the script did not. `layout`: what this script runs, as the run's views should name it (e.g.
+        "fsdp3"). `build_seconds`: building the model and optimizer, without the load."""
         if not self._ready:
             self._ready = True
+            self.label = layout or self.label
             self.record(
                 "ready",
                 step=step,
                 build_seconds=time.perf_counter() - self._started - self._load_seconds,
-                layout=self._layout_name(),
+                layout=self.label,
                 pid=os.getpid(),
                 world=self.world,
                 **fields,
@@ -153,7 +156,9 @@ class ElasticJob:
             if self._pending is not None:
                 self._pending.wait()
             t = time.perf_counter()
-            self._pending = save(_state(state), job=self.name, step=step, async_save=True, keep=self.keep)
+            self._pending = save(
+                _state(state), job=self.name, step=step, store=self.store, async_save=True, keep=self.keep
+            )
             self.saved = step
             self.record("snapshot", step=step, stall=time.perf_counter() - t, mode="async")
 
@@ -166,18 +171,11 @@ class ElasticJob:
             self.record("saved", step=step, seconds=0.0, bytes=0, already=True)
         else:
             t = time.perf_counter()
-            h = save(_state(state), job=self.name, step=step, keep=self.keep)
+            h = save(_state(state), job=self.name, step=step, store=self.store, keep=self.keep)
             self.saved = step
             self.record("saved", step=step, seconds=time.perf_counter() - t, bytes=h.bytes_written)
         self.record("done", step=step)
         dist.barrier()
-
-    def _layout_name(self) -> str:
-        if not self.layout:
-            return f"world{self.world}"
-        return "-".join(f"{k}{self.layout.get(k, 1)}" for k in ("dp", "tp", "pp")) + (
-            "-fsdp" if self.layout.get("fsdp") else ""
-        )
 
 
 def _state(state: State) -> dict[str, Any]:

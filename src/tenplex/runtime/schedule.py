@@ -14,12 +14,12 @@ A JSON or YAML list of events (or {"events": [...]}), each at a `step` or a `tim
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..ptc import TenplexError
+from .tables import read_table
 
 KEYS = {"step", "time", "devices", "hosts", "redeploy", "fail", "fail_hosts", "layout"}
 
@@ -128,23 +128,4 @@ def parse_schedule(data: Any) -> list[Event]:
 
 
 def load_schedule(path: str | Path) -> list[Event]:
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise ScheduleError(f"cannot read schedule {str(p)!r}: {e.strerror}") from None
-    if p.suffix in (".yaml", ".yml"):
-        try:
-            import yaml
-        except ImportError:
-            raise ScheduleError("YAML schedules need PyYAML (pip install 'tenplex[yaml]')") from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise ScheduleError(f"schedule {str(p)!r} is not valid YAML: {e}") from None
-    else:
-        try:
-            data = json.loads(text)
-        except ValueError as e:
-            raise ScheduleError(f"schedule {str(p)!r} is not valid JSON: {e}") from None
-    return parse_schedule(data)
+    return parse_schedule(read_table(path, "schedule", ScheduleError))

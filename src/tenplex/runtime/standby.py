@@ -16,7 +16,6 @@ import runpy
 import subprocess
 import sys
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +52,8 @@ class Role:
 class StandbyPool:
     """Idle, pre-imported processes the controller turns into ranks, and takes back after them."""
 
-    def __init__(self, log: Path, env: dict[str, str], preexec: Callable[[], None] | None = None) -> None:
-        self.log, self.env, self.preexec = log, env, preexec
+    def __init__(self, log: Path, env: dict[str, str], die_with_parent: bool = False) -> None:
+        self.log, self.env, self.die_with_parent = log, env, die_with_parent
         self.idle: list[subprocess.Popen] = []
 
     def fill(self, n: int) -> None:
@@ -98,14 +97,16 @@ class StandbyPool:
 
     def _spawn(self) -> subprocess.Popen:
         with open(self.log, "a") as err:
+            # no preexec_fn: code run between fork and exec can deadlock on a lock another thread held at
+            # the fork (the controller imports torch in a thread); the child asks for the signal itself
+            parent = ["--die-with", str(os.getpid())] if self.die_with_parent else []
             return subprocess.Popen(
-                [sys.executable, "-m", "tenplex.runtime.standby"],
+                [sys.executable, "-m", "tenplex.runtime.standby", *parent],
                 env=self.env,
                 stdin=subprocess.PIPE,
                 stdout=err,
                 stderr=subprocess.STDOUT,
                 text=True,
-                preexec_fn=self.preexec,
             )
 
 
@@ -127,7 +128,7 @@ def _become(role: dict[str, Any], previous: set[str]) -> int:
         runpy.run_path(script[0], run_name="__main__")
         return 0
     from ..transformer.save import forget_groups
-    from .worker import main as worker
+    from .reference_rank import main as worker
 
     forget_groups()  # the last role's process groups are gone
     try:
@@ -142,12 +143,29 @@ def _become(role: dict[str, Any], previous: set[str]) -> int:
         sys.stderr.flush()
 
 
-def main() -> int:
+def die_with(parent: int) -> None:
+    """Be killed when `parent` ends (Linux PR_SET_PDEATHSIG), asked in this process's own startup; a
+    parent gone before the request took effect is caught by comparing the parent's PID after it."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return  # not Linux: the pool's close() still stops idle processes
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--die-with"]:
+        die_with(int(args[1]))
     import torch
     import torch.distributed.checkpoint  # noqa: F401
 
     import tenplex.runtime.job
-    import tenplex.runtime.worker  # noqa: F401
+    import tenplex.runtime.reference_rank  # noqa: F401
 
     previous: set[str] = set()
     while line := sys.stdin.readline():

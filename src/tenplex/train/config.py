@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..data.sampler import ElasticSampler, split_bounds
-from ..ptc import GPTConfig, preset
+from ..ptc import PTC, GPTConfig, gpt_ptc, preset
 from ..ptc.layout import Layout, LayoutError
 
 
@@ -44,6 +45,12 @@ class TrainConfig:
 
     def gpt(self) -> GPTConfig:
         return preset(self.model)
+
+    def state_ptc(self, layout: Layout, devices: Sequence[tuple[str, str]]) -> PTC:
+        """This job's state laid out as `layout` on (device id, host) pairs in rank order, symbolically: the
+        names and placements of the real state, which the runtime places ranks by."""
+        zero = 3 if layout.fsdp else 0
+        return gpt_ptc(self.gpt(), layout.dp, layout.tp, layout.pp, devices=devices, zero=zero)
 
     def check_batching(self, sampler: ElasticSampler) -> int:
         """Micro-batches per rank and step; a one-line error for a batch this layout cannot take.

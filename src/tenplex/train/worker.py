@@ -19,7 +19,6 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ import torch.nn.functional as F
 
 from ..data import Corpus, CorpusError, ElasticSampler, TokenWindows, build_corpus, split_bounds
 from ..ptc.layout import LayoutError
+from ..transformer.world import init_distributed
 from .config import TrainConfig, add_train_args, config_from_args
 from .metrics import MetricsWriter, StepMetrics
 from .optim import build_optimizer, build_scheduler
@@ -201,14 +201,6 @@ class Trainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = load_job_state(self.model, self.optimizer, self.scheduler, self.sampler, state)
-
-
-def init_distributed(device: str = "auto") -> None:
-    """Initialise the default group from the torchrun-style environment, if not done yet."""
-    if dist.is_initialized():
-        return
-    cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=10))
 
 
 def run_worker(cfg: TrainConfig, on_step: Callable[[StepMetrics], None] | None = None) -> list[StepMetrics]:

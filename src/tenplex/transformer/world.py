@@ -74,3 +74,20 @@ def background_group(group: Group = None) -> Group:
         return dist.new_group(ranks=ranks, backend="gloo")
     # only the group's members call this: they must not wait for the others
     return dist.new_group(ranks=ranks, backend="gloo", use_local_synchronization=True)
+
+
+def init_distributed(device: str = "auto") -> None:
+    """The default group from the torchrun-style environment (RANK, WORLD_SIZE, MASTER_*), if not made yet:
+    NCCL on this rank's GPU (LOCAL_RANK) when CUDA is there and wanted, else gloo. For any training script
+    (`ElasticJob`) and the reference workload alike."""
+    import os
+    from datetime import timedelta
+
+    import torch
+
+    if active():
+        return
+    cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=10))

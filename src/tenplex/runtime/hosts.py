@@ -1,4 +1,5 @@
-"""Emulated hosts on one machine: each with its own tensor store and a number of devices.
+"""Emulated hosts on one machine: each with its own tensor store and a number of devices, and the
+device allocation the schedule asks for.
 
 Traffic between emulated hosts takes the stores' network path, so a reconfiguration moves its cross-host
 bytes over real sockets even here. The stores' URLs and PIDs are kept in the run directory, so a rerun
@@ -19,12 +20,17 @@ from ..store.process import logged_stores
 from .schedule import Event
 
 
-class ClusterError(TenplexError):
+class HostsError(TenplexError):
     """Not enough devices for what the schedule asks."""
 
 
+def host_of(device: str) -> str:
+    """The host of a device id (`h3/d1` -> `h3`)."""
+    return device.split("/", 1)[0]
+
+
 @dataclass
-class Cluster:
+class EmulatedHosts:
     run_dir: Path
     devices_per_host: int = 2
     max_hosts: int = 16
@@ -61,7 +67,11 @@ class Cluster:
         self.devices_per_host = data["devices_per_host"]
         self.failed_devices, self.failed_hosts = set(data["failed_devices"]), set(data["failed_hosts"])
         self.allocation = data["allocation"]
-        self.stores = {h: s for h, s in data["stores"].items() if health(s["url"]) is not None}
+        # a store is taken back only if the process answering at its URL is the one recorded: after a
+        # reboot or a crash, the port (and the PID) may belong to someone else by now
+        self.stores = {
+            h: s for h, s in data["stores"].items() if _answers_as(s["url"], s["pid"]) and is_store(s)
+        }
         self._adopt_unrecorded()
         return True
 
@@ -75,15 +85,16 @@ class Cluster:
             for url, logged in reversed(logged_stores(str(log))):
                 answer = health(url)
                 if answer is not None and answer["pid"] == logged:  # not another store that took the port
-                    self.stores[host] = {"url": url, "pid": logged}
+                    self.stores[host] = {"url": url, "pid": logged, "since": started_at(logged)}
                     break
         self.save()
 
     def store_url(self, host: str) -> str:
+        """The URL of `host`'s store, started on first use (the seam where a host's store is started)."""
         if host not in self.stores:
             log = self.run_dir / f"store-{host}.log"
             sp = start_store(memory_limit=self.memory_limit, log=str(log))
-            self.stores[host] = {"url": sp.url, "pid": sp.proc.pid}
+            self.stores[host] = {"url": sp.url, "pid": sp.proc.pid, "since": started_at(sp.proc.pid)}
             self.save()
         return self.stores[host]["url"]
 
@@ -91,21 +102,17 @@ class Cluster:
         """A host failure: its store dies with its snapshots."""
         s = self.stores.pop(host, None)
         if s:
-            _signal(s["pid"], signal.SIGKILL)
+            _signal_store(s, signal.SIGKILL)
         self.failed_hosts.add(host)
         self.save()
 
     def shutdown(self) -> None:
         for s in self.stores.values():
-            _signal(s["pid"], signal.SIGTERM)
+            _signal_store(s, signal.SIGTERM)
         self.stores.clear()
         self.save()
 
     # -- devices -------------------------------------------------------------------------------------------
-    @staticmethod
-    def host_of(device: str) -> str:
-        return device.split("/", 1)[0]
-
     def _hosts(self) -> list[str]:
         return [f"h{i}" for i in range(self.max_hosts)]
 
@@ -121,25 +128,23 @@ class Cluster:
     def apply(self, event: Event) -> list[str]:
         """The device allocation after `event` (rank order: surviving devices keep their ranks' order)."""
         current = [
-            d
-            for d in self.allocation
-            if d not in self.failed_devices and self.host_of(d) not in self.failed_hosts
+            d for d in self.allocation if d not in self.failed_devices and host_of(d) not in self.failed_hosts
         ]
         n = event.devices if event.devices is not None else len(current)
         if event.redeploy:
-            used = {self.host_of(d) for d in self.allocation}
+            used = {host_of(d) for d in self.allocation}
             fresh = [h for h in self._hosts() if h not in used]
             current, pool = [], self._free(fresh, set())
         elif event.hosts is not None:
-            current = [d for d in current if self.host_of(d) in event.hosts]
+            current = [d for d in current if host_of(d) in event.hosts]
             pool = self._free(list(event.hosts), set(current))
         else:
-            in_use = list(dict.fromkeys(self.host_of(d) for d in current))
+            in_use = list(dict.fromkeys(host_of(d) for d in current))
             others = [h for h in self._hosts() if h not in in_use]
             pool = self._free(in_use + others, set(current))
-        alloc = (current + pool)[:n] if n > len(current) else _shrink(current, n, self.host_of)
+        alloc = (current + pool)[:n] if n > len(current) else _shrink(current, n)
         if len(alloc) < n:
-            raise ClusterError(f"{event.describe()} needs {n} devices, only {len(alloc)} are available")
+            raise HostsError(f"{event.describe()} needs {n} devices, only {len(alloc)} are available")
         self.allocation = alloc
         self.save()
         return alloc
@@ -149,7 +154,7 @@ class Cluster:
         self.save()
 
 
-def _shrink(devices: list[str], n: int, host_of) -> list[str]:
+def _shrink(devices: list[str], n: int) -> list[str]:
     """Keep n devices, emptying the last hosts first (whole hosts can then be released)."""
     by_host: dict[str, list[str]] = {}
     for d in devices:
@@ -170,8 +175,41 @@ def health(url: str) -> dict | None:
         return None
 
 
-def _signal(pid: int, sig: int) -> None:
+def _answers_as(url: str, pid: int) -> bool:
+    answer = health(url)
+    return answer is not None and answer.get("pid") == pid
+
+
+def started_at(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22): with the PID, an
+    identity no later process has. None where there is no such process (or no /proc)."""
     try:
-        os.kill(pid, sig)
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])  # fields after the command name, which may hold spaces
+
+
+def is_store(store: dict) -> bool:
+    """Whether the recorded store's PID is still that store: the same process (start time) running a
+    store; a PID reused by another process since is not signalled. Without a recorded start time (or
+    /proc), the store must answer at its URL as that PID."""
+    pid, since = store["pid"], store.get("since")
+    if since is None or not Path("/proc/self/stat").exists():
+        return _answers_as(store["url"], pid)
+    if started_at(pid) != since:
+        return False
+    try:
+        return b"tenplex.store" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
+def _signal_store(store: dict, sig: int) -> None:
+    """Signal a recorded store, only if the process is still that store."""
+    if not is_store(store):
+        return
+    try:
+        os.kill(store["pid"], sig)
     except ProcessLookupError:
         pass

@@ -1,0 +1,52 @@
+"""One phase of an elastic job: one layout on one set of devices, one process group, until its last step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..ptc.layout import Layout
+from .placement import Placed
+from .standby import Role
+
+
+@dataclass
+class Phase:
+    index: int
+    layout: Layout | None  # None: a script that lays itself out
+    devices: list[str]
+    start_step: int
+    until: int
+    procs: list[Role] = field(default_factory=list)
+    dir: Path = Path()
+    launched: float = 0.0
+    records: list[dict] = field(default_factory=list)
+    offset: int = 0
+    killed: list[int] = field(default_factory=list)
+    failed_at: float | None = None
+    last_step: int = -1  # the newest step the ranks reported (loaded, or trained)
+    trained: bool = False  # whether a step was trained in this phase
+    crashed: bool = False  # a rank died on its own (not a failure the schedule injected)
+    done: bool = False  # rank 0 reported the final save committed: the next phase may start
+    reported: str | None = None  # the layout the ranks say they run (a script's own name for it)
+
+    def __post_init__(self) -> None:
+        self.last_step = max(self.last_step, self.start_step)
+
+    @property
+    def label(self) -> str:
+        """What this phase runs, for the live view, the table, the summary and the plot."""
+        return self.reported or (str(self.layout) if self.layout else f"world{len(self.devices)}")
+
+    @property
+    def placed(self) -> Placed | None:
+        return Placed(self.layout, tuple(self.devices)) if self.layout else None
+
+    def add(self, r: dict) -> None:
+        self.records.append(r)
+        if r["kind"] in ("step", "loaded", "fresh"):
+            self.last_step = max(self.last_step, r["step"])
+        if r["kind"] == "ready" and r.get("layout"):
+            self.reported = r["layout"]
+        self.trained = self.trained or r["kind"] == "step"
+        self.done = self.done or r["kind"] == "done"

@@ -1,0 +1,77 @@
+"""One rank of the reference workload as an elastic job: the GPT `Trainer` driven by `ElasticJob`, plus the
+data ledger.
+
+Started by the controller (local processes, a standby pool) or by torchrun (`runtime/elastic.py`); all it
+needs is its `WorkerSpec` (the phase's file, $TENPLEX_WORKER_SPEC or --spec) and the torchrun-style
+environment (RANK, WORLD_SIZE, MASTER_*). A spec without a layout (torchrun) has the layout chosen for
+WORLD_SIZE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import asdict, replace
+
+import torch.distributed as dist
+
+from ..train.config import TrainConfig
+from ..train.worker import Trainer
+from .job import ElasticJob
+from .spec import SPEC, SpecError, WorkerSpec
+
+
+def run(spec: WorkerSpec) -> int:
+    if spec.train is None:
+        raise SpecError("the reference workload's spec has no training config")
+    cfg = TrainConfig(**spec.train)
+    layout = spec.layout
+    if layout is None:
+        from .chooser import choose
+
+        layout = choose(cfg.model, int(os.environ["WORLD_SIZE"]), cfg.global_batch, table=spec.table)
+    layout = replace(layout, fsdp=layout.fsdp or cfg.fsdp)  # --fsdp under torchrun: the chooser's dp, sharded
+    cfg.dp, cfg.tp, cfg.pp, cfg.fsdp = layout.dp, layout.tp, layout.pp, layout.fsdp
+    job = ElasticJob(spec=replace(spec, layout=layout), device=cfg.device)
+    trainer = Trainer(cfg)
+    state = trainer.state_dict()
+    job.resume(state)
+    if job.resumed:
+        trainer.load_state_dict(state)
+    job.ready(trainer.step, sampler=trainer.sampler.state_dict())
+    ledger = trainer.pp_rank == 0 and trainer.tp_rank == 0  # one writer per dp rank
+    pace = spec.min_step_seconds
+    while job.running(trainer.step):
+        ids = trainer.sampler.rank_ids(cfg.dp, trainer.dp_rank).tolist() if ledger else None
+        t_step = time.perf_counter()
+        m = trainer.train_step()
+        if pace:
+            time.sleep(max(0.0, pace - (time.perf_counter() - t_step)))
+        if ledger:
+            job.samples(m.step, trainer.dp_rank, ids)
+        fields = asdict(m)
+        job.step_done(fields.pop("step"), trainer.state_dict, tokens_per_s=m.tokens_per_s, **fields)
+    job.finish(trainer.state_dict, trainer.step)
+    dist.destroy_process_group()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="one rank of the reference workload in a tenplex elastic job")
+    p.add_argument("--spec", help=f"path of the worker spec (default: ${SPEC})")
+    args = p.parse_args(argv)
+    try:
+        spec = WorkerSpec.from_file(args.spec).placed() if args.spec else WorkerSpec.from_env()
+    except SpecError as e:
+        print(f"tenplex rank: {e}", file=sys.stderr)
+        return 2
+    if spec is None:
+        print(f"tenplex rank: no spec (--spec or ${SPEC})", file=sys.stderr)
+        return 2
+    return run(spec)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -61,7 +61,7 @@ def main() -> None:
         set_state_dict(
             model, opt, model_state_dict=current["model"], optim_state_dict=current["optim"], options=options
         )
-    job.ready(step, sampler=sampler.state_dict())
+    job.ready(step, layout=f"fsdp{job.world}", sampler=sampler.state_dict())  # how the run names it
 
     while job.running(step):
         ids = sampler.rank_ids(job.world, job.rank)  # this rank's part of the fixed global batch

@@ -151,6 +151,56 @@ def test_placement_says_why_it_cannot_match():
         match(Placed(Layout(1, 1, 1), ("h0/d0",)), Layout(1, 3, 1), ["h0/d0", "h0/d1", "h1/d0"], [], ptc_of)
 
 
+# -- the worker spec and the stores' identity ------------------------------------------------------------
+
+
+def test_the_worker_spec_round_trips_with_each_ranks_placement(tmp_path):
+    from tenplex.runtime.spec import SpecError, WorkerSpec
+
+    spec = WorkerSpec(
+        "j", 12, snapshot_every=3, out="o", layout=Layout(2, 1, 2, True), train={"model": "tiny"}
+    )
+    path = spec.to_file(tmp_path / "spec.json")
+    placed = WorkerSpec(**{**spec.__dict__, "store": "http://s:1", "device": "h1/d0", "sources": ["a", "b"]})
+    env = placed.rank_env(path)
+    assert "store" not in json.loads(path.read_text())  # one file serves every rank of the phase
+    back = WorkerSpec.from_env(env)
+    assert back == WorkerSpec(**{**placed.__dict__, "emulated_hosts": False})
+    assert back.layout == Layout(2, 1, 2, True) and WorkerSpec.from_env({}) is None
+    (tmp_path / "bad.json").write_text('{"job": "j", "until": 1, "choose": true}')
+    with pytest.raises(SpecError, match="unknown keys \\['choose'\\]"):
+        WorkerSpec.from_file(tmp_path / "bad.json")
+    with pytest.raises(SpecError, match="cannot read"):
+        WorkerSpec.from_env({"TENPLEX_WORKER_SPEC": str(tmp_path / "none.json")})
+
+
+def test_a_recorded_store_pid_is_signalled_only_while_it_is_that_store(tmp_path):
+    from tenplex.runtime.hosts import EmulatedHosts, is_store, started_at
+
+    hosts = EmulatedHosts(tmp_path)
+    url = hosts.store_url("h0")
+    real = hosts.stores["h0"]
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert is_store(real)
+        # the PID now belongs to another process (reused), or to one started at another time
+        assert not is_store({"url": url, "pid": other.pid, "since": started_at(other.pid)})
+        assert not is_store({**real, "since": real["since"] + 1})
+        hosts.stores["h1"] = {"url": url, "pid": other.pid, "since": started_at(other.pid)}
+        hosts.save()
+        again = EmulatedHosts(tmp_path)
+        assert again.restore() and set(again.stores) == {"h0"}  # the impostor is not taken back
+        hosts.shutdown()  # signals the store, not the process that took a recorded PID
+        assert other.poll() is None
+        deadline = time.time() + 10
+        while health(url) and time.time() < deadline:
+            time.sleep(0.1)
+        assert health(url) is None
+    finally:
+        other.kill()
+        other.wait()
+
+
 # -- whole jobs -------------------------------------------------------------------------------------------
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 from tenplex.runtime.standby import StandbyPool
 
@@ -44,3 +45,34 @@ def test_closing_the_pool_stops_idle_processes(tmp_path):
     while any(p.poll() is None for p in procs) and time.time() < deadline:
         time.sleep(0.1)
     assert all(p.poll() is not None for p in procs)
+
+
+def test_a_standby_process_dies_with_the_controller(tmp_path):
+    """PR_SET_PDEATHSIG asked by the child itself (no preexec_fn between fork and exec)."""
+    import subprocess
+    import sys
+
+    parent = (
+        "import os, sys\n"
+        "from pathlib import Path\n"
+        "from tenplex.runtime.standby import StandbyPool\n"
+        f"log = Path({str(tmp_path / 'standby.log')!r})\n"
+        "pool = StandbyPool(log, dict(os.environ), die_with_parent=True)\n"
+        "pool.fill(1)\n"
+        "print(pool.idle[0].pid, flush=True)\n"
+        "os._exit(0)\n"  # no close(): only the death signal can end the child
+    )
+    out = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, timeout=60)
+    child = int(out.stdout.strip())
+    deadline = time.time() + 20
+    while time.time() < deadline and _alive(child):
+        time.sleep(0.1)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"  # a zombie has ended (its parent, init, reaps it)

@@ -65,6 +65,10 @@ def test_a_users_script_survives_scale_out_a_failure_and_scale_in(tmp_path):
     summary = json.loads((tmp_path / "elastic" / "summary.json").read_text())
     assert summary["ledger"]["ok"] and summary["ledger"]["replayed_steps"]
     assert "every sample exactly once" in r.stdout
+    # labelled by what the script runs (it reports fsdpN), not by the reference workload's chooser
+    changes = [(c["from"], c["to"]) for c in summary["reconfigurations"]]
+    assert changes == [("fsdp2", "fsdp3"), ("fsdp3", "fsdp2"), ("fsdp2", "fsdp1")], changes
+    assert "fsdp2 -> fsdp3" in r.stdout
 
 
 def test_a_script_must_name_its_job_and_end(monkeypatch):
@@ -114,6 +118,7 @@ def test_a_script_that_keeps_crashing_stops_the_run_instead_of_looping(tmp_path)
     assert r.returncode == 1 and "ranks crashed in 3 phases in a row" in r.stderr, r.stderr[-2000:]
     recs = timeline(run_dir)
     assert sum(x["kind"] == "launch" for x in recs) == 3 and sum(x["kind"] == "crash" for x in recs) == 3
+    assert {x["layout"] for x in recs if x["kind"] == "launch"} == {"world2"}  # it never said what it runs
     cluster = json.loads((run_dir / "cluster.json").read_text())
     for store in cluster["stores"].values():  # left running for a rerun, as the message says
         os.kill(store["pid"], signal.SIGTERM)

@@ -19,6 +19,7 @@ from typing import Any
 from ..ptc import TenplexError
 from ..ptc.layout import Layout
 from ..train.config import TrainConfig
+from ..util import logs
 from .chooser import ChooserError, choose
 from .downtime import reconfiguration
 from .hosts import EmulatedHosts, host_of
@@ -30,6 +31,8 @@ from .placement import MatchSkipped, match
 from .records import Records
 from .schedule import Event
 from .spec import WorkerSpec
+
+log = logs.get("runtime")
 
 MAX_CRASHES = 3  # phases in a row whose ranks die on their own before the job gives up
 MAX_STANDBY = 16  # pre-imported rank processes kept ready for the next phase
@@ -179,6 +182,7 @@ class Controller:
             return match(prev.placed, layout, devices, gone, self.cfg.train.state_ptc)
         except MatchSkipped as e:  # only an optimization: the job runs in allocation order instead
             self.timeline.write("match_skipped", layout=str(layout), error=str(e))
+            log.info("ranks of %s placed in allocation order: %s", layout, e)
             return devices
 
     def _newest_durable(self) -> tuple[str | None, int]:
@@ -267,6 +271,7 @@ class Controller:
             info = persist(self.cfg.job, step, str(path), store=store)
         except (StoreError, StateError) as e:
             self.timeline.write("persist_failed", step=step, error=str(e))
+            log.warning("persisting step %d to %s failed: %s", step, path, e)
             return
         self.durable = str(path)
         self.timeline.write(

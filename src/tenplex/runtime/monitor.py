@@ -7,6 +7,7 @@ import subprocess
 import time
 from collections.abc import Callable
 
+from ..util import logs
 from .hosts import EmulatedHosts, host_of
 from .launcher import Launcher
 from .live import LiveView
@@ -15,6 +16,7 @@ from .records import Records, read_records
 from .schedule import Event
 from .standby import Role
 
+log = logs.get("runtime")
 KILL_AFTER_FAILURE_S = 2.0  # the survivors of a failure get this long to notice their peers are gone
 
 
@@ -87,6 +89,7 @@ class Monitor:
         phase.killed = [i for i, p in enumerate(phase.procs) if p.poll() not in (None, 0)]
         phase.crashed = True
         self.timeline.write("crash", phase=phase.index, ranks=phase.killed, step=phase.last_step)
+        log.warning("phase %d: ranks %s crashed at step %d", phase.index, phase.killed, phase.last_step)
 
     def fail(self, phase: Phase, e: Event) -> None:
         """Inject the failure `e`: kill its ranks, and its hosts with their stores."""

@@ -110,13 +110,19 @@ def plot(run_dir: Path, out: Path, static: dict[int, float] | None = None) -> Pa
     t0 = recs[0]["time"] if recs else 0.0
     launches = [r for r in recs if r["kind"] == "launch"]
     reconfigs = [r for r in recs if r["kind"] == "reconfig"]
+    # a phase is named by what its ranks report running (a script's own name), else by its launch
+    named = {r["phase"]: r["layout"] for r in recs if r["kind"] == "worker" and r["event"] == "ready"}
     fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(10, 10), gridspec_kw={"height_ratios": [2, 3, 2]})
     for i, r in enumerate(launches):
         start = r["time"] - t0
         end = launches[i + 1]["time"] - t0 if i + 1 < len(launches) else recs[-1]["time"] - t0
         ax1.hlines(len(r["devices"]), start, end, lw=4)
         ax1.annotate(
-            r["layout"], (start, len(r["devices"])), textcoords="offset points", xytext=(2, 6), fontsize=8
+            named.get(r["phase"], r["layout"]),
+            (start, len(r["devices"])),
+            textcoords="offset points",
+            xytext=(2, 6),
+            fontsize=8,
         )
     for r in recs:
         if r["kind"] in ("fail", "crash"):

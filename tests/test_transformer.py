@@ -58,3 +58,34 @@ def test_async_save_then_central_load(results):
     for r, res in enumerate(results):
         assert res["modes"]["done"] and res["modes"]["bad"] == [], (r, res["modes"])
         assert set(res["modes"]["bytes"]) == {"central"} and res["modes"]["bytes"]["central"] > 0
+
+
+def test_the_breakdown_accounts_for_the_save_and_the_load():
+    """SaveHandle.phases and LoadInfo.phases name where the time went and add up to no more than it."""
+    import torch
+
+    import tenplex
+
+    with start_store() as s:
+        state = {"w": torch.randn(64, 64), "b": torch.randn(64), "step": 3}
+        handle = tenplex.save(state, job="breakdown", step=1, store=s.url)
+        assert {"describe", "gather", "plan", "create", "copy", "seal", "barrier", "commit"} <= set(
+            handle.phases
+        )
+        target = {"w": torch.zeros(64, 64), "b": torch.zeros(64), "step": 0}
+        info = tenplex.load(target, job="breakdown", store=s.url)
+        sequential = [
+            "describe",
+            "gather",
+            "plan",
+            "choose",
+            "reads",
+            "scatter",
+            "barrier",
+            "write",
+            "restore",
+        ]
+        assert {"describe", "gather", "choose", "plan", "reads", "shm_reads", "write"} <= set(info.phases)
+        assert all(v >= 0 for v in info.phases.values())
+        assert sum(info.phases.get(k, 0.0) for k in sequential) <= info.seconds
+        assert info.phases["shm_reads"] <= info.phases["reads"]

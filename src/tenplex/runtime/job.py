@@ -118,6 +118,7 @@ class ElasticJob:
             source=info.source,
             plan=info.plan_bytes,
             lost_stores=info.lost_stores,
+            phases=info.phases,
             layout=self.label,
         )
         return info.step
@@ -173,7 +174,9 @@ class ElasticJob:
             t = time.perf_counter()
             h = save(_state(state), job=self.name, step=step, store=self.store, keep=self.keep)
             self.saved = step
-            self.record("saved", step=step, seconds=time.perf_counter() - t, bytes=h.bytes_written)
+            self.record(
+                "saved", step=step, seconds=time.perf_counter() - t, bytes=h.bytes_written, phases=h.phases
+            )
         self.record("done", step=step)
         dist.barrier()
 

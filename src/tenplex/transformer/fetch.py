@@ -6,6 +6,7 @@ fetches each remote box once and serves it to every local rank that needs it (th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -14,6 +15,7 @@ import numpy as np
 from ..planner import Fetch, Plan, Route
 from ..ptc import PTC
 from ..store import StoreClient, StoreError, read_many
+from .breakdown import Breakdown
 from .errors import StateError
 from .gathered import blob_name
 from .shards import LocalShard, Staged
@@ -41,6 +43,7 @@ def execute(
     central: bool,
     concurrency: int,
     shared: set[tuple[str, Any, int]],
+    bd: Breakdown,
 ) -> tuple[dict[str, int], list[Staged]]:
     """Pull every box of this rank into scratch buffers of its tensors; returns the bytes moved by route
     and the staged tensors, whose `finish()` writes the targets (the caller does, once every rank's boxes
@@ -78,17 +81,34 @@ def execute(
         else:
             direct.append((client(src_url), job, step, blob, src_box, out))
         moved["central" if central else f.route.value] += f.box.volume * old.tensors[f.tensor].itemsize
+    shm = [d for d in direct if d[0].is_local]
+    network = [d for d in direct if not d[0].is_local]
+
+    def relay_all() -> None:
+        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as relays:
+            for fut in [
+                relays.submit(c.fetch_remote, u, job, step, b, box, o) for c, u, b, box, o in relayed
+            ]:
+                fut.result()
+
+    kinds = [("shm_reads", shm, lambda: read_many(shm, concurrency)), ("relayed_reads", relayed, relay_all),
+             ("network_reads", network, lambda: read_many(network, concurrency))]  # fmt: skip
     try:
-        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-            relays = [pool.submit(c.fetch_remote, u, job, step, b, box, o) for c, u, b, box, o in relayed]
-            read_many(direct, concurrency)
-            for fut in relays:
+        with bd.phase("reads"), ThreadPoolExecutor(max_workers=3) as pool:
+            futures = [pool.submit(_timed, bd, kind, fn) for kind, work, fn in kinds if work]
+            for fut in futures:
                 fut.result()
     except StoreError as e:
         raise StateError(f"loading the snapshot of {job!r} at step {step}: {e}") from e
-    for dst, out in copies:
-        np.copyto(dst, out)
+    with bd.phase("scatter"):  # boxes that are not contiguous in the target's scratch
+        for dst, out in copies:
+            np.copyto(dst, out)
     return moved, list(staged.values())
+
+
+def _timed(bd: Breakdown, kind: str, fn: Callable[[], None]) -> None:
+    with bd.phase(kind):
+        fn()
 
 
 def drop_relays(job: str, step: int, url: str, stores: list[str], me: int) -> None:

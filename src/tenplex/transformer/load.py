@@ -13,6 +13,7 @@ from typing import Any
 from ..planner import plan
 from ..ptc import PTC
 from . import world
+from .breakdown import Breakdown
 from .durable import load_durable
 from .errors import KeyMismatchError, ShapeMismatchError, StateError, UnrecoverableError
 from .fetch import drop_relays, execute, shared_remote_boxes
@@ -45,55 +46,70 @@ def load(
     old hosts' stores when the job moved to new hosts; the ranks' own stores are always searched.
     """
     started = time.perf_counter()
+    bd = Breakdown()
     group = process_group
 
     def fallback(reason: str, error: StateError) -> LoadInfo:
         if path is None:
             raise error
-        return load_durable(
-            state_dict, path, strict=strict, started=started, reason=reason, process_group=group
-        )
+        with bd.phase("durable"):
+            info = load_durable(
+                state_dict, path, strict=strict, started=started, reason=reason, process_group=group
+            )
+        info.phases = bd.as_dict()
+        return info
 
     url = resolve(store)
-    tree = expand(state_dict)
-    tensors, values = flatten(tree)
-    shards = {n: local_shard(n, t) for n, t in tensors.items()}
-    layouts = gather(url, shards, values, group)
-    wanted = merged_values(layouts)  # the value names of the whole target job
-    new = build_ptc(layouts)
+    with bd.phase("describe"):
+        tree = expand(state_dict)
+        tensors, values = flatten(tree)
+        shards = {n: local_shard(n, t) for n, t in tensors.items()}
+    with bd.phase("gather"):
+        layouts = gather(url, shards, values, group)
+    with bd.phase("plan"):
+        wanted = merged_values(layouts)  # the value names of the whole target job
+        new = build_ptc(layouts)
     if sources is None:
         sources = [s for s in os.environ.get("TENPLEX_SOURCES", "").split(",") if s]
     urls = sorted({lay.store for lay in layouts} | {resolve(s) for s in sources}, key=lambda u: u != url)
     try:
-        snap = world.decide(lambda: choose(job, step, urls), group)
+        with bd.phase("choose"):
+            snap = world.decide(lambda: choose(job, step, urls), group)
     except StateError as e:  # no snapshot in memory, or the stores cannot say which
         return fallback(str(e), e)
-    old = snap.ptc
-    common = _check_keys(old, new, wanted, strict)
-    old_view = snap.view()
-    p = plan(subset(old_view, common), subset(new, common), lost=snap.lost)
+    with bd.phase("plan"):
+        old = snap.ptc
+        common = _check_keys(old, new, wanted, strict)
+        old_view = snap.view()
+        p = plan(subset(old_view, common), subset(new, common), lost=snap.lost)
     if not p.complete:
         return fallback("unrecoverable", UnrecoverableError([(t, str(b)) for t, b in p.unrecoverable]))
     me = world.rank(group)
-    shared = shared_remote_boxes(p, new.mesh.hosts[me])
+    with bd.phase("plan"):
+        shared = shared_remote_boxes(p, new.mesh.hosts[me])
     moved, staged, failure = {}, [], None
     try:
         moved, staged = execute(
-            p.for_rank(me), shards, job, snap.step, old_view, url, central, concurrency, shared
+            p.for_rank(me), shards, job, snap.step, old_view, url, central, concurrency, shared, bd
         )
     except Exception as e:  # every rank learns of it below, so none waits for the others forever
         failure = e
-    failed = [(r, f) for r, f in enumerate(world.all_gather(_describe(failure), group)) if f is not None]
-    drop_relays(job, snap.step, url, [lay.store for lay in layouts], me)
+    with bd.phase("barrier"):  # every rank's status: the wait for the slowest rank
+        statuses = world.all_gather(_describe(failure), group)
+    failed = [(r, f) for r, f in enumerate(statuses) if f is not None]
+    with bd.phase("drop_relays"):
+        drop_relays(job, snap.step, url, [lay.store for lay in layouts], me)
     if failed:  # nothing was written; every rank takes the same way out: fall back, or raise
         r, (_, why) = failed[0]
         error = failure or StateError(f"rank {r} could not load the snapshot: {why}")
         if not all(ok for _, (ok, _) in failed):  # not the stores' fault (a bug): no fallback hides it
             raise error
         return fallback(f"reading the snapshot failed on rank {r}: {why}", error)
-    for st in staged:  # every box of every rank arrived and verified: now the targets are written
-        st.finish()
-    restore(state_dict, tree, {k: v for k, v in old.values.items() if k in values})
+    with bd.phase("write"):  # every box of every rank arrived and verified: now the targets are written
+        for st in staged:
+            st.finish()
+    with bd.phase("restore"):
+        restore(state_dict, tree, {k: v for k, v in old.values.items() if k in values})
     missing, unexpected = _differences(old, new, wanted)
     s = p.stats
     return LoadInfo(
@@ -104,6 +120,7 @@ def load(
         missing,
         unexpected,
         snap.lost,
+        phases=bd.as_dict(),
         plan_bytes={"kept": s.kept, "same_host": s.same_host, "relayed": s.relayed,
                     "cross_host": s.cross_host, "cross_host_lower_bound": s.cross_host_lower_bound},
     )  # fmt: skip

@@ -15,6 +15,7 @@ from ..ptc import PTC
 from ..ptc import values as value_codec
 from ..store import NotFoundError, StoreClient
 from . import world
+from .breakdown import Breakdown
 from .errors import StateError
 from .gathered import blob_name, build_ptc, gather, merged_values, writers
 from .shards import LocalShard, Staged, local_shard
@@ -31,6 +32,7 @@ class SaveHandle:
     step: int
     bytes_written: int
     seconds_local: float
+    breakdown: Breakdown = field(default_factory=Breakdown)
     _thread: threading.Thread | None = None
     _error: list[BaseException] = field(default_factory=list)
 
@@ -42,6 +44,12 @@ class SaveHandle:
         if self._error:
             raise self._error[0]
         return self
+
+    @property
+    def phases(self) -> dict[str, float]:
+        """Seconds by phase (describe, gather, plan, create, copy, seal, barrier, commit, retain); the
+        commit phases of an asynchronous save appear once it finished."""
+        return self.breakdown.as_dict()
 
     @property
     def done(self) -> bool:
@@ -85,55 +93,68 @@ def save(
     of the job (default: all).
     """
     started = time.perf_counter()
+    bd = Breakdown()
     url = resolve(store)
     group = process_group
     if async_save and world.active() and group not in _background:
         _background[group] = world.background_group(group)  # collective: created in the foreground
     sync_group = _background.get(group) if async_save else group
-    tensors, values = flatten(expand(state_dict))
-    for name, v in values.items():
-        try:
-            value_codec.encode(v, name)
-        except Exception as e:
-            raise StateError(str(e)) from None
-    shards = {n: local_shard(n, t) for n, t in tensors.items()}
+    with bd.phase("describe"):
+        tensors, values = flatten(expand(state_dict))
+        for name, v in values.items():
+            try:
+                value_codec.encode(v, name)
+            except Exception as e:
+                raise StateError(str(e)) from None
+        shards = {n: local_shard(n, t) for n, t in tensors.items()}
     own = client(url)
-    _replace_committed(own, job, step)  # before the all-gather, so before any rank of the save writes
-    layouts = gather(url, shards, values, group)
-    ptc = writers(build_ptc(layouts, merged_values(layouts)))
-    me = world.rank(group)
-    mine = {s.tensor for s in ptc.shards(me)}
-    own.create_version(job, step)
+    with bd.phase("create"):
+        _replace_committed(own, job, step)  # before the all-gather, so before any rank of the save writes
+    with bd.phase("gather"):
+        layouts = gather(url, shards, values, group)
+    with bd.phase("plan"):
+        ptc = writers(build_ptc(layouts, merged_values(layouts)))
+        me = world.rank(group)
+        mine = {s.tensor for s in ptc.shards(me)}
+    with bd.phase("create"):
+        own.create_version(job, step)
     written = 0
     staged: list[tuple[str, LocalShard]] = []
-    for name in sorted(mine):
-        shard = shards[name]
-        if own.is_local:
-            arr = own.allocate_blob(job, step, blob_name(me, name), shard.dtype, shard.box.shape)
-            arr[...] = Staged(shard.local, fill=True).array
-            staged.append((blob_name(me, name), shard))
-        else:
-            own.write_blob(job, step, blob_name(me, name), Staged(shard.local, fill=True).array, shard.dtype)
-        written += shard.box.volume * ptc.tensors[name].itemsize
+    with bd.phase("copy"):
+        for name in sorted(mine):
+            shard = shards[name]
+            if own.is_local:
+                arr = own.allocate_blob(job, step, blob_name(me, name), shard.dtype, shard.box.shape)
+                arr[...] = Staged(shard.local, fill=True).array
+                staged.append((blob_name(me, name), shard))
+            else:
+                array = Staged(shard.local, fill=True).array
+                own.write_blob(job, step, blob_name(me, name), array, shard.dtype)
+            written += shard.box.volume * ptc.tensors[name].itemsize
     local_seconds = time.perf_counter() - started
     manifest = make_manifest(job, step, ptc)
 
     def finish() -> None:
-        for blob, _ in staged:
-            own.seal_blob(job, step, blob)
-        world.barrier(sync_group)
+        with bd.phase("seal"):  # the checksums of the blobs written through shared memory
+            for blob, _ in staged:
+                own.seal_blob(job, step, blob)
+        with bd.phase("barrier"):
+            world.barrier(sync_group)
         if me == 0:
-            # where each store copies its committed versions, so a load can find them when it dies
-            manifest["replicas"] = {u: client(u).health().get("replicas", []) for u in manifest["stores"]}
-            blobs = _blobs_by_store(ptc)
-            for url_ in manifest["stores"]:
-                client(url_).commit(job, step, manifest, wait_replicas=True, blobs=blobs[url_])
+            with bd.phase("commit"):
+                # where each store copies its committed versions, so a load can find them when it dies
+                manifest["replicas"] = {u: client(u).health().get("replicas", []) for u in manifest["stores"]}
+                blobs = _blobs_by_store(ptc)
+                for url_ in manifest["stores"]:
+                    client(url_).commit(job, step, manifest, wait_replicas=True, blobs=blobs[url_])
             if keep is not None:  # only once committed everywhere: a crash in between must leave a version
-                for url_ in manifest["stores"]:  # that is complete on every store
-                    client(url_).retain(job, keep)
-        world.barrier(sync_group)
+                with bd.phase("retain"):  # that is complete on every store
+                    for url_ in manifest["stores"]:
+                        client(url_).retain(job, keep)
+        with bd.phase("barrier"):
+            world.barrier(sync_group)
 
-    handle = SaveHandle(job, step, written, local_seconds)
+    handle = SaveHandle(job, step, written, local_seconds, bd)
     if not async_save:
         finish()
         return handle

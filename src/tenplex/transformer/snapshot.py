@@ -70,6 +70,7 @@ class LoadInfo:
     source: str = "memory"  # or "durable"
     note: str = ""  # why a durable load happened
     plan_bytes: dict[str, int] = field(default_factory=dict)  # the whole job's plan statistics
+    phases: dict[str, float] = field(default_factory=dict)  # seconds by phase (see `breakdown`)
 
 
 def choose(job: str, step: int | None, urls: list[str], *, check: bool = True) -> Snapshot:

@@ -315,6 +315,12 @@ def summarise(ranks: list[dict], mem_bw: float, sock_bw: float, shaped_bw: float
         },
         "bad": sorted({b for pr in reps for r in pr for k in ("bad", "bad_central") for b in r.get(k, [])}),
     }
+    best = min(
+        range(len(reps)), key=lambda i: each_rep([reps[i]], "save")[0] + each_rep([reps[i]], "load")[0]
+    )
+    for kind in ("save", "load"):  # seconds by phase: the slowest rank per phase, in the best repetition
+        phases = [r.get(f"{kind}_phases", {}) for r in reps[best]]
+        row[f"{kind}_phases"] = {k: max(p.get(k, 0.0) for p in phases) for k in sorted(set().union(*phases))}
     if shaped_bw:
         row.update(
             nic_gbps_measured=shaped_bw * 8 / 1e9,
@@ -340,6 +346,28 @@ def summarise(ranks: list[dict], mem_bw: float, sock_bw: float, shaped_bw: float
             row["dcp_disk_load_cold_s"] = cold
             row["x_dcp_disk_cold"] = (s + cold) / total
     return row
+
+
+SAVE_PHASES = ["describe", "create", "gather", "plan", "copy", "seal", "barrier", "commit"]
+LOAD_PHASES = ["describe", "gather", "choose", "plan", "reads", "shm_reads", "network_reads", "relayed_reads",
+               "scatter", "barrier", "write", "restore", "drop_relays"]  # fmt: skip
+
+
+def print_breakdown(rows: list[dict]) -> None:
+    """Where save and load spend their time (tenplex's SaveHandle.phases / LoadInfo.phases)."""
+    flat = [{"change": r["change"], "hosts": r["hosts"],
+             **{f"s.{k}": r["save_phases"].get(k) for k in SAVE_PHASES},
+             **{f"l.{k}": r["load_phases"].get(k) for k in LOAD_PHASES}} for r in rows]  # fmt: skip
+    print_rows(
+        "save breakdown (s, slowest rank per phase, best repetition)",
+        flat,
+        ["change", "hosts", *[f"s.{k}" for k in SAVE_PHASES]],
+    )
+    print_rows(
+        "load breakdown (s; the *_reads run in parallel inside reads)",
+        flat,
+        ["change", "hosts", *[f"l.{k}" for k in LOAD_PHASES]],
+    )
 
 
 def make_cases(args, hosts: int) -> list[dict]:
@@ -467,6 +495,7 @@ def main() -> None:
         ["change", "hosts", "dcp_disk_save_s", "dcp_disk_load_s", "dcp_disk_load_cold_s", "dcp_shm_save_s",
          "dcp_shm_load_s", "central_load_s", "floor_s"],
     )  # fmt: skip
+    print_breakdown(rows)
     if args.network == "netns":
         print_rows(
             f"tenplex vs central on namespace hosts, NIC {args.nic_gbps or 'unshaped'} Gbit/s each way "

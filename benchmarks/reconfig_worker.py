@@ -225,10 +225,12 @@ def run_case(case: dict, cfg: GPTConfig, groups: dict, rank: int, stores: dict, 
     t_save, handle = timed(lambda: tenplex.save(src, job=job, step=1, process_group=ga), in_a)
     res["save"] = t_save
     res["saved_bytes"] = handle.bytes_written if handle else 0
+    res["save_phases"] = handle.phases if handle else {}
     t_load, info = timed(lambda: tenplex.load(dst, job=job, process_group=gb), in_b, res["nic_load"])
     res["load"] = t_load
     if info is not None:
         res["bytes"], res["plan_bytes"], res["load_inner"] = info.bytes, info.plan_bytes, info.seconds
+        res["load_phases"] = info.phases
         res["bad"] = check(dst)
     zero_b(dst, in_b)
     t_central, info_c = timed(

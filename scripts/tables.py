@@ -7,14 +7,17 @@ figure). Prose around the tables is not touched: say "the table" there, not the 
 
     python scripts/tables.py            # rewrite
     python scripts/tables.py --check    # exit 1, naming them, when tables differ from the JSON (the tests)
+    python scripts/tables.py --take-demo runs/demo/summary.json   # after `tenplex demo`: its table too
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,12 +84,66 @@ def plain(keys: str) -> tuple[tuple[str, Cell], ...]:
     return tuple((k, key(k)) for k in keys.split())
 
 
+def binary(n: float | None) -> str:
+    """Bytes in binary units, as the demo's own report prints them."""
+    if n is None:
+        return "–"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{num(float(n), 3)} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+def _world(layout: str) -> int:
+    sizes = re.findall(r"\d+", layout)
+    return int(sizes[0]) * int(sizes[1]) * int(sizes[2]) if len(sizes) == 3 else 0
+
+
+def demo_kind(r: dict) -> str:
+    if r.get("failure"):
+        return "failure (rank killed)"
+    if r.get("redeploy"):
+        return "redeploy to new hosts"
+    a, b = _world(r["from"]), _world(r["to"])
+    return f"scale out {a} → {b}" if b > a else f"scale in {a} → {b}" if b < a else "layout change"
+
+
+def demo_after(doc: dict) -> str:
+    """The demo's outcome in one paragraph, from the same summary."""
+    out = []
+    for rec in doc.get("recoveries", []):
+        out.append(f"The failure was recovered from the in-memory snapshot at step {rec['step']} "
+                   f"({rec['lost_steps']} steps replayed).")  # fmt: skip
+    s = doc.get("static") or {}
+    if s:
+        verdict = "matches" if s.get("match") else "DOES NOT match"
+        params = s.get("max_param_diff"), s.get("param_tolerance")
+        out.append(
+            f"The loss curve {verdict} a static one-device run of the same {s['steps']} steps: largest "
+            f"difference {s['max_loss_diff']:.2g} (tolerance {s['tolerance']:.2g})"
+            + (
+                f", final parameters within {params[0]:.2g} (tolerance {params[1]:.2g})."
+                if None not in params
+                else "."
+            )
+        )
+    led = doc.get("ledger") or {}
+    if led:
+        state = "every one of" if led.get("ok") else "NOT every one of"
+        out.append(f"The data ledger shows {state} the {led['samples']} samples consumed exactly once "
+                   f"(replayed steps counted as such).")  # fmt: skip
+    return ("\n" + " ".join(out) + "\n") if out else ""
+
+
 @dataclass(frozen=True)
 class Table:
     results: str  # the file under results/
     command: str  # what writes it
     columns: tuple[tuple[str, Cell], ...]
     rows: Callable[[dict], bool] = lambda row: True
+    records: str = "rows"  # the list in the JSON that holds the rows
+    after: Callable[[dict], str] = lambda doc: ""
 
     def render(self, root: Path) -> str:
         path = root / "results" / self.results
@@ -98,15 +155,34 @@ class Table:
         cpus = f", {machine['cpus']} CPUs" if isinstance(machine, dict) and "cpus" in machine else ""
         head = f"`{self.command}` → `results/{self.results}`" + (f" ({when}{cpus})" if when else "") + ":\n\n"
         lines = ["| " + " | ".join(h for h, _ in self.columns) + " |", "|" + "---|" * len(self.columns)]
-        lines += [
-            "| " + " | ".join(c(r) for _, c in self.columns) + " |" for r in doc["rows"] if self.rows(r)
-        ]
-        return head + "\n".join(lines) + "\n"
+        rows = [r for r in doc[self.records] if self.rows(r)]
+        lines += ["| " + " | ".join(c(r) for _, c in self.columns) + " |" for r in rows]
+        return head + "\n".join(lines) + "\n" + self.after(doc)
 
 
 PLANNER = "python benchmarks/bench_planner.py"
+DEMO = "tenplex demo && python scripts/tables.py --take-demo runs/demo/summary.json"
 RECONFIG = "python benchmarks/bench_reconfig.py"
 TABLES: dict[str, Table] = {
+    "demo": Table(
+        "demo.json",
+        DEMO,
+        (
+            ("change", lambda r: f"{r['from']} → {r['to']}"),
+            ("kind", demo_kind),
+            ("at step", key("step")),
+            ("downtime", lambda r: f"{r['downtime']:.1f} s"),
+            ("load", lambda r: f"{r['load_seconds']:.2f} s"),
+            (
+                "moved",
+                lambda r: binary(sum(r["bytes"].get(k, 0) for k in ("same_host", "relayed", "cross_host"))),
+            ),
+            ("cross-host", lambda r: binary(r["bytes"].get("cross_host"))),
+            ("lower bound", lambda r: binary(r["plan"].get("cross_host_lower_bound"))),
+        ),
+        records="reconfigurations",
+        after=demo_after,
+    ),
     "planner": Table(
         "bench_planner.json",
         PLANNER,
@@ -207,11 +283,31 @@ def rewrite(root: Path) -> dict[Path, str]:
     return out
 
 
+def take_demo(summary: Path, root: Path) -> Path:
+    """`tenplex demo`'s summary.json as results/demo.json: without the losses and the run's local paths."""
+    doc = json.loads(summary.read_text())
+    keep = {
+        k: doc[k]
+        for k in ("steps", "reconfigurations", "failures", "recoveries", "ledger", "static")
+        if k in doc
+    }
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(summary.stat().st_mtime))
+    out = root / "results" / "demo.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(
+        json.dumps({"benchmark": "demo", "when": when, "machine": {"cpus": os.cpu_count()}, **keep}, indent=1)
+    )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if a table is out of date")
+    ap.add_argument("--take-demo", type=Path, metavar="SUMMARY", help="copy a demo's summary.json first")
     ap.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.take_demo:
+        print("wrote", take_demo(args.take_demo, args.root).relative_to(args.root))
     stale = []
     for doc, text in rewrite(args.root).items():
         if doc.read_text() != text:

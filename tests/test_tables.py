@@ -98,3 +98,34 @@ def test_figures_are_printed_readably():
     row = {"case": "net one-element box, one request each", "ms per request": 0.33, "raw socket ms": 0.02}
     assert tables.store_result(row) == "ms per request 0.33; raw socket ms 0.02"
     assert tables.size("x")({"x": 0.0132}) == "13.2 MB" and tables.size("x")({"x": 7368.4}) == "7.37 TB"
+
+
+def test_a_demo_summary_becomes_the_readme_table_without_local_paths(tmp_path):
+    root = _root(tmp_path)
+    reconfig = {
+        "kind": "reconfig", "from": "dp2-tp1-pp1", "to": "dp1-tp2-pp2", "step": 10, "failure": False,
+        "redeploy": False, "downtime": 3.04, "load_seconds": 0.291,
+        "bytes": {"cross_host": 803068.0, "kept": 454776.0, "relayed": 11260.0, "same_host": 454776.0},
+        "plan": {"cross_host_lower_bound": 803068},
+    }  # fmt: skip
+    summary = {
+        "run_dir": "/somewhere/runs/demo/elastic", "steps": 60, "losses": {"1": 5.5},
+        "reconfigurations": [reconfig, {**reconfig, "from": "dp2-tp2-pp1", "to": "dp3-tp1-pp1",
+                                        "failure": True}],
+        "recoveries": [{"step": 40, "lost_steps": 3}],
+        "ledger": {"ok": True, "samples": 720},
+        "static": {"steps": 60, "max_loss_diff": 1.7e-6, "tolerance": 5e-6, "match": True,
+                   "max_param_diff": 1.2e-4, "param_tolerance": 5e-4},
+    }  # fmt: skip
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    assert tables.main(["--root", str(root), "--take-demo", str(tmp_path / "summary.json")]) == 0
+    kept = json.loads((root / "results" / "demo.json").read_text())
+    assert "run_dir" not in kept and "losses" not in kept and kept["benchmark"] == "demo"
+    text = (root / "docs" / "benchmarks.md").read_text()
+    assert (
+        "| dp2-tp1-pp1 → dp1-tp2-pp2 | scale out 2 → 4 | 10 | 3.0 s | 0.29 s | 1.21 MiB | 784 KiB | 784 KiB |"
+        in text
+    )
+    assert "| dp2-tp2-pp1 → dp3-tp1-pp1 | failure (rank killed) | 10 |" in text
+    assert "snapshot at step 40 (3 steps replayed)" in text and "The loss curve matches" in text
+    assert "every one of the 720 samples" in text

@@ -1,6 +1,8 @@
 """Tensor store data paths against their physical floors, each baseline measured in the same run.
 
 - same host (shared memory): blob write and box read vs `np.copyto` of the same bytes (target >= 70%);
+- the first write into a fresh store's memory: on /dev/shm, on the store's huge-page tmpfs, and on it with
+  `--reserve` (one shot each, a new store each);
 - network path on loopback: box reads vs a raw-socket transfer of the same bytes from another process,
   one 256 MiB box and 256 boxes of 1 MiB (target >= 60%);
 - 64 concurrent clients x N small requests: errors and the daemon's RSS before and after.
@@ -23,7 +25,7 @@ import numpy as np
 
 from common import print_rows, write_results
 from tenplex.ptc import Box
-from tenplex.store import StoreClient, start_store
+from tenplex.store import StoreClient, StoreError, start_store
 
 RAW_SERVER = """
 import socket, struct, sys
@@ -99,6 +101,8 @@ def main() -> None:
                         "baseline GB/s": nbytes / base_secs / 1e9, "ratio": ratio, "target": target,
                         "ok": ratio >= target})  # fmt: skip
 
+    t_fresh = best(lambda: np.copyto(np.empty_like(a), a))
+    first_writes(a, t_fresh, args.mib, row)
     sp = start_store(memory_limit=f"{3 * args.mib + 64}MiB")
     raw = RawPeer(n)
     try:
@@ -113,10 +117,9 @@ def main() -> None:
 
             return setup
 
-        t_fresh = best(lambda: np.copyto(np.empty_like(a), a))
         t_warm = best(lambda: np.copyto(out, a))
         t_cold = best(lambda: local.write_blob("bench", 1, "w", a), repeat=1)
-        row("shm write 256 MiB, new tmpfs pages", t_cold, "np.copyto fresh", t_fresh, n, 0.7)
+        row("shm write 256 MiB, new file in a used store", t_cold, "np.copyto fresh", t_fresh, n, 0.7)
         t_write = best(lambda: local.write_blob("bench", 1, "w", a), setup=drop(2.1))
         row("shm write 256 MiB, recycled file", t_write, "np.copyto warm", t_warm, n, 0.7)
         local.commit("bench", 1, None)
@@ -223,6 +226,23 @@ def main() -> None:
                ["case", "requests/s", "errors", "rss before MiB", "rss after MiB", "rss after more MiB",
                 "ok"])  # fmt: skip
     print(f"results: {path}")
+
+
+def first_writes(a: np.ndarray, t_fresh: float, mib: int, row: Callable[..., None]) -> None:
+    """A job's first snapshot: one write into a store that has never held a blob, per kind of memory."""
+    kinds = [("/dev/shm, 4 KiB pages", ["--huge-pages", "off"]), ("huge-page tmpfs", ["--huge-pages", "on"]),
+             ("huge-page tmpfs, --reserve", ["--huge-pages", "on", "--reserve", f"{mib}MiB"])]  # fmt: skip
+    for what, extra in kinds:
+        try:
+            sp = start_store(memory_limit=f"{mib + 64}MiB", extra=extra)
+        except StoreError as e:  # no root: no huge pages here
+            print(f"{what}: store did not start ({e})")
+            continue
+        try:
+            t = best(lambda c=sp.client(local=True): c.write_blob("bench", 1, "w", a), repeat=1)
+        finally:
+            sp.stop()
+        row(f"shm first write {mib} MiB, {what}", t, "np.copyto fresh", t_fresh, a.nbytes, 0.7)
 
 
 def _all(c: StoreClient) -> list[dict]:

@@ -26,6 +26,7 @@ from tenplex.store import (
     start_store,
 )
 from tenplex.store.keys import NUMPY_DTYPE
+from tenplex.store.tmpfs import host_path
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -36,7 +37,7 @@ def store():
     yield sp
     assert sp.client().is_local  # same host: found out by the client itself, not forced
     assert sp.stop() == 0
-    assert not os.path.exists(sp.shm_dir)
+    assert not os.path.exists(sp.shm_dir) and not os.path.exists(host_path(sp.shm_dir))
 
 
 @pytest.fixture(params=[True, False], ids=["shm", "net"])

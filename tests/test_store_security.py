@@ -13,6 +13,7 @@ import pytest
 
 from tenplex.ptc import Box
 from tenplex.store import AuthError, NotFoundError, StoreClient, StoreUnavailable, start_store
+from tenplex.store.tmpfs import host_path
 
 pytestmark = pytest.mark.timeout(120)
 KNOWN = np.arange(100, dtype=np.float32).reshape(10, 10)
@@ -191,7 +192,7 @@ def test_sigterm_releases_shared_memory():
     assert len(os.listdir(sp.shm_dir)) == 2
     sp.proc.send_signal(signal.SIGTERM)
     assert sp.proc.wait(10) == 0
-    assert not os.path.exists(sp.shm_dir)
+    assert not os.path.exists(sp.shm_dir) and not os.path.exists(host_path(sp.shm_dir))
     sp.stop()
 
 

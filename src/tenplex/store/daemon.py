@@ -12,6 +12,7 @@ import socket
 import numpy as np
 
 from ..ptc import Box
+from ..util import logs
 from .boxio import SCRATCH, blob_array, pieces
 from .catalog import Blob, Catalog
 from .checksum import CHUNK, byte_span, digest, verify_span
@@ -24,6 +25,8 @@ from .replication import Replicator
 from .server import Request, Route, Server, headers_for
 from .shm import Arena
 from .transport import DEFAULT_PORT, PREAMBLE
+
+log = logs.get("store")
 
 
 class Daemon(Server):
@@ -40,11 +43,15 @@ class Daemon(Server):
         replicas: int = 0,
         advertise: str | None = None,
         shm_root: str | None = None,
+        huge_pages: str = "off",
+        reserve: int = 0,
     ) -> None:
         super().__init__(host, port, token, routes)
         shown = host if host not in ("0.0.0.0", "::", "") else socket.gethostname()
         self.url = advertise or f"http://{_bracket(shown)}:{self.port}"
-        self.arena = Arena(str(self.port), shm_root)
+        self.arena = Arena(str(self.port), shm_root, huge_pages, memory_limit, reserve)
+        if self.arena.memory.notice and huge_pages == "auto":
+            log.warning("%s; blobs go to the plain directory", self.arena.memory.notice)
         self.catalog = Catalog(self.arena, min(memory_limit, self.arena.capacity()))
         self.replicator = Replicator(self.catalog, self.url, self.peer, peers or [], replicas)
         self.relay = RelayCache(self.catalog, self.peer)

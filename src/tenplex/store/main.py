@@ -61,6 +61,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peers", default="", help="comma-separated store URLs of the replication ring")
     p.add_argument("--replicas", type=int, default=0, help="copies of each committed blob on the next peers")
     p.add_argument("--advertise", default=None, help="this store's URL as peers know it")
+    p.add_argument("--huge-pages", choices=("auto", "on", "off"), default="auto",
+                   help="blobs on a private huge-page tmpfs (needs root; auto: else /dev/shm, with a notice)")
+    p.add_argument("--reserve", default="0",
+                   help="memory taken at start for the first snapshots' pages (e.g. 2GiB; default 0)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,9 +73,11 @@ def run(args: argparse.Namespace) -> int:
         raise BadRequestError("port must be 0..65535 and replicas >= 0")
     token = load_token(args.token_file, required=not is_loopback(args.host))
     peers = [p.strip().rstrip("/") for p in args.peers.split(",") if p.strip()]
-    d = Daemon(
-        ROUTES, args.host, args.port, _size(args.memory_limit), token, peers, args.replicas, args.advertise
-    )
+    limit, reserve = _size(args.memory_limit), _size(args.reserve)
+    if reserve > limit:
+        raise BadRequestError(f"--reserve ({args.reserve}) exceeds --memory-limit ({args.memory_limit})")
+    d = Daemon(ROUTES, args.host, args.port, limit, token, peers, args.replicas, args.advertise,
+               huge_pages=args.huge_pages, reserve=reserve)  # fmt: skip
 
     def stop(signum: int, frame: object) -> None:
         raise _Shutdown

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from .client import StoreClient
 from .errors import StoreError, StoreUnavailable
+from .tmpfs import host_path
 
 READY = "tenplex store listening on "
 
@@ -41,6 +42,7 @@ class StoreProcess:
             self.proc.stdout.close()
         if self.proc.returncode != 0 and self.shm_dir:  # a daemon that exits cleanly removes it itself
             shutil.rmtree(self.shm_dir, ignore_errors=True)
+            shutil.rmtree(host_path(self.shm_dir), ignore_errors=True)  # a huge-page store's empty mountpoint
         return self.proc.returncode
 
     def kill(self) -> None:

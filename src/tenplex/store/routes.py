@@ -32,7 +32,8 @@ _V = r"/v1/jobs/(?P<job>[^/]+)/versions/(?P<step>[^/]+)"
 def _health(d: Daemon, req: Request) -> dict[str, Any]:
     """Liveness, protocol version, this store's URL, pid, host id and replication targets."""
     return {"ok": True, "protocol": PROTOCOL_VERSION, "url": d.url, "pid": os.getpid(), "host_id": host_id(),
-            "shm_dir": d.arena.dir, "replicas": list(d.replicator.targets)}  # fmt: skip
+            "shm_dir": d.arena.dir, "huge_pages": d.arena.memory.huge,
+            "replicas": list(d.replicator.targets)}  # fmt: skip
 
 
 @route("GET", r"/v1/openapi.json")
@@ -50,6 +51,7 @@ def _stats(d: Daemon, req: Request) -> dict[str, Any]:
     with c.lock:
         versions = [v for vs in c.jobs.values() for v in vs.values()]
         out = {"memory_used": c.used, "memory_limit": c.limit, "memory_pooled": d.arena.pooled,
+               "memory_reserved": d.arena.reserve.left,
                "jobs": len(c.jobs), "versions": len(versions),
                "committed": sum(v.committed for v in versions), "blobs": sum(len(v.blobs) for v in versions),
                "relay_blobs": len(d.relay.blobs), "datasets": len(d.datasets.items)}  # fmt: skip

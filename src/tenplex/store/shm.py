@@ -1,4 +1,5 @@
-"""Blob memory: one file per blob in a private directory on /dev/shm, mapped with mmap.
+"""Blob memory: one file per blob in a private directory on /dev/shm (or the store's own huge-page tmpfs
+mounted there, see `tmpfs`), mapped with mmap.
 
 Files on tmpfs plus mmap (rather than `multiprocessing.shared_memory`) because the daemon alone decides
 when a segment goes away: no resource tracker in a client process can unlink it when that client exits.
@@ -10,14 +11,14 @@ from __future__ import annotations
 import itertools
 import mmap
 import os
-import shutil
 import socket
 import tempfile
 import threading
 import time
 from collections import OrderedDict
 
-from .errors import MemoryLimitError
+from .errors import MemoryLimitError, StoreError
+from .tmpfs import Reserve, StoreMemory, open_memory
 
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
@@ -62,9 +63,22 @@ class Arena:
     GRACE = 2.0
     TTL = 120.0  # pooled files unused this long are unlinked
 
-    def __init__(self, tag: str, root: str | None = None) -> None:
-        self.dir = os.path.join(root or shm_root(), f"tenplex-{tag}-{os.getpid()}")
-        os.makedirs(self.dir, mode=0o700)
+    def __init__(
+        self, tag: str, root: str | None = None, huge: str = "off", size: int = 0, reserve: int = 0
+    ) -> None:
+        """`huge`, `size`: a private huge-page tmpfs of that size (see `tmpfs`); `reserve`: bytes taken at
+        start for the first blobs' pages."""
+        try:
+            name = f"tenplex-{tag}-{os.getpid()}"
+            self.memory: StoreMemory = open_memory(root or shm_root(), name, size, huge)
+        except OSError as e:
+            raise StoreError(f"cannot make the store's memory directory: {e}") from None
+        self.dir = self.memory.dir
+        try:
+            self.reserve = Reserve(self.dir, reserve)
+        except OSError as e:
+            self.memory.close()
+            raise MemoryLimitError(f"cannot reserve {reserve} bytes in {self.dir}: {e.strerror}") from None
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._free: dict[int, list[tuple[float, str, mmap.mmap | bytearray]]] = {}  # per size, oldest first
@@ -83,6 +97,7 @@ class Arena:
                 self.pooled -= nbytes
                 return path, mem
             path = os.path.join(self.dir, f"b{next(self._ids):08d}")
+        self.reserve.take(nbytes)  # the reserve's pages go to the new file
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, nbytes)
@@ -104,8 +119,12 @@ class Arena:
         self.trim(None)
 
     def trim(self, keep: int | None) -> None:
-        """Unlink pooled files older than TTL, then the oldest ones until at most `keep` bytes are pooled."""
+        """Unlink pooled files older than TTL, then the oldest ones until at most `keep` bytes are pooled
+        (the reserve counts as pooled, and goes first)."""
         now = time.monotonic()
+        if keep is not None:
+            self.reserve.trim(self.pooled + self.reserve.left - keep)
+            keep -= self.reserve.left
         doomed = []
         with self._lock:  # from the oldest file on, and only as far as there is something to unlink
             while self._order:
@@ -137,4 +156,5 @@ class Arena:
             self._free.clear()
             self._order.clear()
             self.pooled = 0
-        shutil.rmtree(self.dir, ignore_errors=True)
+        self.reserve.release()
+        self.memory.close()

@@ -1,0 +1,138 @@
+"""The store's data path: its private huge-page tmpfs, the memory reserved at start, the cleanup of both."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from tenplex.ptc import Box
+from tenplex.store import MemoryLimitError, start_store
+from tenplex.store.shm import Arena
+from tenplex.store.tmpfs import HUGE_PAGE, host_path, open_memory
+
+pytestmark = pytest.mark.timeout(120)
+MiB = 1 << 20
+
+
+def _can_mount() -> bool:
+    return os.geteuid() == 0
+
+
+needs_root = pytest.mark.skipif(not _can_mount(), reason="mounting a tmpfs needs root (CAP_SYS_ADMIN)")
+
+
+def _host_mounts() -> str:
+    with open("/proc/self/mounts") as f:
+        return f.read()
+
+
+@needs_root
+def test_huge_page_store_keeps_its_mount_private_and_leaves_nothing_when_killed():
+    sp = start_store(memory_limit="256MiB", extra=["--reserve", "32MiB"])
+    try:
+        c = sp.client()
+        assert c.health()["huge_pages"] is True
+        assert c.is_local  # the client found the blob directory through /proc/PID/root by itself
+        a = np.arange(3 * MiB, dtype=np.float32).reshape(3, -1)
+        c.write_blob("j", 1, "w", a)
+        c.commit("j", 1, None)
+        out = np.empty_like(a)
+        c.read_box("j", 1, "w", Box.full(a.shape), out)
+        assert np.array_equal(out, a)
+        mountpoint = host_path(sp.shm_dir)
+        assert mountpoint != sp.shm_dir and os.path.isdir(mountpoint)
+        assert os.listdir(mountpoint) == []  # from outside the daemon's namespace: an empty directory
+        assert sorted(os.listdir(sp.shm_dir)) == ["b00000001", "reserve"]
+        assert mountpoint not in _host_mounts()
+    finally:
+        sp.kill()
+        sp.stop()
+    assert not os.path.exists(mountpoint)  # the kernel took the mount with the namespace; stop() the dir
+    assert mountpoint not in _host_mounts()
+
+
+@needs_root
+def test_a_clean_stop_removes_the_mountpoint():
+    sp = start_store(memory_limit="64MiB")
+    mountpoint = host_path(sp.shm_dir)
+    assert os.path.isdir(mountpoint)
+    assert sp.stop() == 0
+    assert not os.path.exists(mountpoint)
+
+
+def test_huge_pages_off_is_a_plain_directory():
+    sp = start_store(memory_limit="64MiB", extra=["--huge-pages", "off"])
+    try:
+        c = sp.client()
+        assert c.health()["huge_pages"] is False
+        assert host_path(sp.shm_dir) == sp.shm_dir
+        c.write_blob("j", 1, "w", np.ones(10, np.float32))
+        assert os.listdir(sp.shm_dir) == ["b00000001"]
+    finally:
+        assert sp.stop() == 0
+    assert not os.path.exists(sp.shm_dir)
+
+
+def test_a_reserve_above_the_memory_limit_is_refused_at_start():
+    cmd = [sys.executable, "-m", "tenplex.store", "--port", "0", "--memory-limit", "64MiB"]
+    cmd += ["--reserve", "65MiB"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip() == "tenplex store: error: --reserve (65MiB) exceeds --memory-limit (64MiB)"
+
+
+def test_new_blobs_take_their_pages_from_the_reserve_and_the_limit_counts_it(tmp_path):
+    arena = Arena("t", str(tmp_path), reserve=8 * MiB)
+    try:
+        assert arena.reserve.left == 8 * MiB
+        arena.create(3 * MiB)  # rounded up to whole huge pages
+        assert arena.reserve.left == 8 * MiB - 2 * HUGE_PAGE
+        assert os.path.getsize(arena.reserve.path) == arena.reserve.left
+        path, mem = arena.create(HUGE_PAGE)
+        assert arena.reserve.left == HUGE_PAGE
+        arena.recycle(path, mem, HUGE_PAGE)
+        arena.trim(2 * HUGE_PAGE)  # pooled file + reserve: exactly what may be kept
+        assert (arena.pooled, arena.reserve.left) == (HUGE_PAGE, HUGE_PAGE)
+        arena.trim(HUGE_PAGE)  # the reserve goes first: a pooled file of a known size is worth more
+        assert (arena.pooled, arena.reserve.left) == (HUGE_PAGE, 0)
+        assert not os.path.exists(arena.reserve.path)
+    finally:
+        arena.close()
+    assert not os.path.exists(arena.dir)
+
+
+def test_reserved_used_and_pooled_memory_stay_within_the_limit():
+    sp = start_store(memory_limit="16MiB", extra=["--reserve", "16MiB", "--huge-pages", "off"])
+    try:
+        c = sp.client()
+        assert c.stats()["memory_reserved"] == 16 * MiB
+        blob = np.zeros(4 * MiB // 4, np.float32)
+        for step in (1, 2):
+            for i in range(4):
+                c.write_blob("j", step, f"b{i}", blob)
+                s = c.stats()
+                assert s["memory_used"] + s["memory_pooled"] + s["memory_reserved"] <= 16 * MiB
+            with pytest.raises(MemoryLimitError):  # the reserve never takes the store past its limit
+                c.write_blob("j", step, "more", blob)
+            c.delete_version("j", step)  # its files go to the pool for the next step
+        assert c.stats()["memory_reserved"] == 0
+    finally:
+        assert sp.stop() == 0
+
+
+def test_an_arena_off_the_main_thread_falls_back_with_a_notice(tmp_path):
+    got: list[object] = []
+    t = threading.Thread(target=lambda: got.append(open_memory(str(tmp_path), "m", 8 * MiB, "auto")))
+    t.start()
+    t.join()
+    mem = got[0]
+    assert not mem.huge and mem.dir == str(tmp_path / "m") and "main thread" in mem.notice
+    mem.close()
+    assert not os.path.exists(mem.dir)
+    with pytest.raises(ValueError, match="auto, on or off"):
+        open_memory(str(tmp_path), "n", 8 * MiB, "yes")

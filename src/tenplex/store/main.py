@@ -61,10 +61,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peers", default="", help="comma-separated store URLs of the replication ring")
     p.add_argument("--replicas", type=int, default=0, help="copies of each committed blob on the next peers")
     p.add_argument("--advertise", default=None, help="this store's URL as peers know it")
-    p.add_argument("--huge-pages", choices=("auto", "on", "off"), default="auto",
-                   help="blobs on a private huge-page tmpfs (needs root; auto: else /dev/shm, with a notice)")
-    p.add_argument("--reserve", default="0",
-                   help="memory taken at start for the first snapshots' pages (e.g. 2GiB; default 0)")
+    huge = "blobs on a private huge-page tmpfs (needs root; auto: else /dev/shm, with a notice)"
+    p.add_argument("--huge-pages", choices=("auto", "on", "off"), default="auto", help=huge)
+    reserve = "memory taken at start for the first snapshots' pages (e.g. 2GiB; default 0)"
+    p.add_argument("--reserve", default="0", help=reserve)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -60,6 +60,12 @@ def test_async_save_then_central_load(results):
         assert set(res["modes"]["bytes"]) == {"central"} and res["modes"]["bytes"]["central"] > 0
 
 
+def test_strided_fsdp_over_tp_dtensors_load_bit_for_bit_and_interleaved_ones_are_refused(results):
+    for r, res in enumerate(results):
+        assert res["strided"]["bad"] == [], (r, res["strided"])
+        assert "not one contiguous range" in res["strided"]["interleaved"], res["strided"]
+
+
 def test_the_breakdown_accounts_for_the_save_and_the_load():
     """SaveHandle.phases and LoadInfo.phases name where the time went and add up to no more than it."""
     import torch

@@ -295,6 +295,58 @@ def run_modes(groups: dict[int, object], rank: int) -> dict:
     return out
 
 
+def run_strided(rank: int) -> dict:
+    """FSDP2-over-TP DTensors (`_StridedShard`, made by torch's own `distribute_tensor`), even and uneven,
+    saved and loaded into Shard layouts and back into the strided one, compared bit for bit; a strided
+    layout that interleaves a rank's rows is refused on every rank with a clear error."""
+    from torch.distributed.tensor import distribute_tensor
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    mesh = DeviceMesh("cpu", torch.arange(4).reshape(2, 2), mesh_dim_names=("dp", "tp"))
+    g = torch.Generator().manual_seed(1)
+    fulls = {"even": torch.randn(8, 6, generator=g), "uneven": torch.randn(11, 6, generator=g),
+             "cols": torch.randn(5, 14, generator=g).to(torch.bfloat16)}  # fmt: skip
+    dims = {"even": 0, "uneven": 0, "cols": 1}
+
+    def strided(name: str, t: torch.Tensor) -> DTensor:
+        d = dims[name]
+        return distribute_tensor(t, mesh, [_StridedShard(d, split_factor=2), Shard(d)], src_data_rank=None)
+
+    out: dict = {"bad": []}
+    tenplex.save({n: strided(n, t) for n, t in fulls.items()}, job="strided", step=1)
+    flat = DeviceMesh("cpu", torch.arange(4), mesh_dim_names=("x",), _init_backend=False)
+    target = {}
+    for n, t in fulls.items():
+        local_shape, offset = compute_local_shape_and_global_offset(t.shape, flat, [Shard(0)])
+        target[n] = DTensor.from_local(torch.zeros(local_shape, dtype=t.dtype), flat, [Shard(0)],
+                                       run_check=False, shape=t.shape, stride=t.stride())  # fmt: skip
+    tenplex.load(target, job="strided")
+    for n, t in fulls.items():
+        local_shape, offset = compute_local_shape_and_global_offset(t.shape, flat, [Shard(0)])
+        index = tuple(slice(o, o + k) for o, k in zip(offset, local_shape))
+        if not torch.equal(target[n].to_local(), t[index]):
+            out["bad"].append(f"{n} into Shard(0)")
+    tenplex.save(target, job="strided", step=2)
+    back = {n: strided(n, torch.zeros_like(t)) for n, t in fulls.items()}
+    tenplex.load(back, job="strided", step=2)
+    for n, t in fulls.items():
+        if not torch.equal(back[n].to_local(), strided(n, t).to_local()):
+            out["bad"].append(f"{n} back into the strided layout")
+        if not torch.equal(back[n].full_tensor(), t):  # torch itself reassembles the loaded shards
+            out["bad"].append(f"{n}: full_tensor differs")
+    one = DeviceMesh("cpu", torch.arange(4), mesh_dim_names=("x",))
+    interleaved = distribute_tensor(
+        fulls["even"], one, [_StridedShard(0, split_factor=2)], src_data_rank=None
+    )
+    try:
+        tenplex.save({"w": interleaved}, job="interleaved", step=1)
+        out["interleaved"] = "no error"
+    except tenplex.TenplexError as e:
+        out["interleaved"] = str(e)
+    dist.barrier()
+    return out
+
+
 def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -305,6 +357,7 @@ def main() -> None:
             "errors": run_errors(groups, rank),
             "foreign": run_foreign_module(groups, rank),
             "modes": run_modes(groups, rank),
+            "strided": run_strided(rank),
         }
     )
     dist.destroy_process_group()

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-from torch.distributed.tensor.placement_types import Partial
+from torch.distributed.tensor.placement_types import Partial, Shard, _StridedShard
 
 from ..ptc import Box
 from .errors import StateError
@@ -51,16 +51,54 @@ def local_shard(name: str, tensor: torch.Tensor) -> LocalShard:
             raise StateError(f"tensor {name!r} is a Partial DTensor: reduce it before saving or loading")
         local = tensor.to_local()
         shape = tuple(tensor.shape)
-        _, offset = compute_local_shape_and_global_offset(shape, tensor.device_mesh, tensor.placements)
-        start = tuple(int(o) for o in offset)
-        stop = tuple(min(a + s, g) for a, s, g in zip(start, local.shape, shape))
-        box = Box(tuple(min(a, g) for a, g in zip(start, shape)), stop)
+        if any(isinstance(p, _StridedShard) for p in tensor.placements):
+            box = _strided_box(name, tensor)
+        else:
+            _, offset = compute_local_shape_and_global_offset(shape, tensor.device_mesh, tensor.placements)
+            start = tuple(int(o) for o in offset)
+            stop = tuple(min(a + s, g) for a, s, g in zip(start, local.shape, shape))
+            box = Box(tuple(min(a, g) for a, g in zip(start, shape)), stop)
         if box.shape != tuple(local.shape):
             raise StateError(f"tensor {name!r}: local shape {list(local.shape)} does not match box {box}")
     else:
         local, shape = tensor, tuple(tensor.shape)
         box = Box.full(shape)
     return LocalShard(name, shape, DTYPES[tensor.dtype], box, local)
+
+
+def _strided_box(name: str, tensor: DTensor) -> Box:
+    """The box of a DTensor with `_StridedShard` placements, exactly: the global indices of this rank's
+    elements along each dimension, found by applying the placements' own splitting (torch's, left to
+    right) to index ranges. FSDP2 over tensor parallelism gives one contiguous range per dimension; any
+    layout that interleaves a rank's elements (a strided shard not undone by a later shard) cannot be held
+    as one box, so it is refused instead of being described wrongly."""
+    mesh, shape = tensor.device_mesh, tuple(tensor.shape)
+    coords = mesh.get_coordinate()
+    if coords is None:
+        raise StateError(f"tensor {name!r}: this rank is not in the DTensor's mesh")
+    index = [torch.arange(n) for n in shape]
+    for mesh_dim, p in enumerate(tensor.placements):
+        if isinstance(p, _StridedShard):
+            along = _StridedShard(0, split_factor=p.split_factor)
+        elif isinstance(p, Shard):
+            along = Shard(0)
+        else:
+            continue
+        chunks, _ = along._split_tensor(index[p.dim], mesh.size(mesh_dim), with_padding=False)
+        c = coords[mesh_dim]
+        index[p.dim] = chunks[c] if c < len(chunks) else index[p.dim][:0]
+    start, stop = [], []
+    for d, ix in enumerate(index):
+        first = int(ix[0]) if len(ix) else 0
+        if len(ix) and not torch.equal(ix, torch.arange(first, first + len(ix))):
+            raise StateError(
+                f"tensor {name!r}: placements {list(tensor.placements)} give this rank elements "
+                f"{ix[:8].tolist()}{'...' if len(ix) > 8 else ''} of dim {d}, which are not one contiguous "
+                "range; tenplex holds one box per rank and tensor (redistribute it, e.g. to Shard placements)"
+            )
+        start.append(first)
+        stop.append(first + len(ix))
+    return Box(tuple(start), tuple(stop))
 
 
 def as_numpy(t: torch.Tensor) -> np.ndarray:

@@ -161,6 +161,7 @@ class Table:
 
 
 PLANNER = "python benchmarks/bench_planner.py"
+SCALE_OUT = (("model", key("model")), ("devices", lambda r: r["devices"].replace("->", " → ")))
 DEMO = "tenplex demo && python scripts/tables.py --take-demo runs/demo/summary.json"
 RECONFIG = "python benchmarks/bench_reconfig.py"
 TABLES: dict[str, Table] = {
@@ -187,8 +188,7 @@ TABLES: dict[str, Table] = {
         "bench_planner.json",
         PLANNER,
         (
-            ("model", key("model")),
-            ("devices", lambda r: r["devices"].replace("->", " → ")),
+            *SCALE_OUT,
             ("tensors", key("tensors")),
             ("new shards", key("new_shards")),
             ("plan (s)", key("plan_s")),
@@ -200,8 +200,7 @@ TABLES: dict[str, Table] = {
         "bench_planner.json",
         PLANNER,
         (
-            ("model", key("model")),
-            ("devices", lambda r: r["devices"].replace("->", " → ")),
+            *SCALE_OUT,
             ("match (s)", key("assign_s")),
             ("cross-host, numbering", size("cross_host_GB")),
             ("cross-host, matched", size("matched_cross_host_GB")),

@@ -173,10 +173,11 @@ def test_growing_dp_keeps_each_pipeline_stage_on_its_hosts():
 
 
 def test_gpt3_175b_on_2048_devices_is_matched_in_seconds():
+    """CPU seconds of this process, so that other jobs on a shared machine do not count."""
     cfg = preset("gpt3-175b")
     old, new = gpt_ptc(cfg, 8, 8, 16), gpt_ptc(cfg, 16, 8, 16)
-    t = time.perf_counter()
+    t = time.process_time()
     matched = assign(old, new)
-    elapsed = time.perf_counter() - t
+    elapsed = time.process_time() - t
     assert elapsed < 5, elapsed
     assert plan(old, matched).stats.cross_host < 0.6 * plan(old, new).stats.cross_host

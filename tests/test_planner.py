@@ -81,7 +81,10 @@ def test_incompatible_layouts_are_rejected():
 
 
 def _plan_seconds(sizes: list[tuple[int, int]], repeat: int = 5) -> list[float]:
-    """Best of `repeat` per size, sizes interleaved so a burst of load on a shared machine hits all alike."""
+    """Best of `repeat` per size, sizes interleaved so a burst of load on a shared machine hits all alike.
+
+    CPU seconds of this process, not wall time: time spent waiting for a core another job holds is not the
+    planner's (the time bounds in these tests have failed for it on a loaded machine)."""
     cfg = preset("gpt3-175b")
     pairs = [(gpt_ptc(cfg, a, 8, 16), gpt_ptc(cfg, b, 8, 16)) for a, b in sizes]
     best = [float("inf")] * len(pairs)
@@ -89,21 +92,22 @@ def _plan_seconds(sizes: list[tuple[int, int]], repeat: int = 5) -> list[float]:
     try:
         for _ in range(repeat):
             for i, (old, new) in enumerate(pairs):
-                t = time.perf_counter()
+                t = time.process_time()
                 plan(old, new)
-                best[i] = min(best[i], time.perf_counter() - t)
+                best[i] = min(best[i], time.process_time() - t)
     finally:
         gc.enable()
     return best
 
 
 def test_gpt3_175b_on_2048_devices_plans_in_under_two_seconds():
+    """CPU seconds (see _plan_seconds); 0.09 s of planning on an idle core, the rest builds the PTCs."""
     cfg = preset("gpt3-175b")
-    t = time.perf_counter()
+    t = time.process_time()
     old = gpt_ptc(cfg, 8, 8, 16)  # 1024 devices
     new = gpt_ptc(cfg, 16, 8, 16)  # 2048 devices
     p = plan(old, new)
-    elapsed = time.perf_counter() - t
+    elapsed = time.process_time() - t
     assert elapsed < 2.0, elapsed
     assert p.complete and p.stats.cross_host == p.stats.cross_host_lower_bound
 

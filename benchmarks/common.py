@@ -15,7 +15,8 @@ def write_results(name: str, rows: list[dict], meta: dict | None = None, path: s
     doc = {
         "benchmark": name,
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        # the load average says how much of the machine other jobs held while this ran (a shared machine)
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load": os.getloadavg()[0]},
         **(meta or {}),
         "rows": rows,
     }

@@ -152,7 +152,10 @@ class Table:
         doc = json.loads(path.read_text())
         when = doc.get("when") or doc.get("meta", {}).get("when")
         machine = doc.get("machine") or doc.get("meta", {}).get("machine")
-        cpus = f", {machine['cpus']} CPUs" if isinstance(machine, dict) and "cpus" in machine else ""
+        cpus = ""
+        if isinstance(machine, dict):
+            cpus += f", {machine['cpus']} CPUs" if "cpus" in machine else ""
+            cpus += f", load average {machine['load']:.1f}" if "load" in machine else ""
         head = f"`{self.command}` → `results/{self.results}`" + (f" ({when}{cpus})" if when else "") + ":\n\n"
         lines = ["| " + " | ".join(h for h, _ in self.columns) + " |", "|" + "---|" * len(self.columns)]
         rows = [r for r in doc[self.records] if self.rows(r)]

@@ -45,7 +45,7 @@ def _planner_results(root: Path, plan_s: float) -> None:
     doc = {
         "benchmark": "bench_planner",
         "when": "2026-01-01T00:00:00Z",
-        "machine": {"cpus": 2},
+        "machine": {"cpus": 2, "load": 3.3},
         "rows": [row],
     }
     (root / "results" / "bench_planner.json").write_text(json.dumps(doc))
@@ -57,7 +57,7 @@ def test_a_missing_result_names_its_command_and_a_present_one_is_rendered(tmp_pa
     assert tables.main(["--root", str(root)]) == 0
     text = (root / "docs" / "benchmarks.md").read_text()
     assert "old typed figure" not in text and text.endswith("the end\n")
-    assert "`results/bench_planner.json` (2026-01-01T00:00:00Z, 2 CPUs, load average 3.3):" in text
+    assert "→ `results/bench_planner.json` (2026-01-01T00:00:00Z, 2 CPUs, load average 3.3):" in text
     assert "| gpt3-175b | 4096 → 8192 | 4,624 | 2,369,536 | 0.29 | – | – |" in text
     assert "| gpt3-175b | 4096 → 8192 | 1.2 | 130 TB | 67.3 TB | 0.52 |" in text
     assert (

@@ -1,0 +1,138 @@
+"""What periodic in-memory snapshots cost training: tokens/s with `--snapshot-every K` against none.
+
+The reference workload (`tenplex.train.Trainer`) runs in one spawned process group against one store;
+snapshots go through `ElasticJob.step_done`, the path `tenplex run` uses (asynchronous `tenplex.save`,
+`keep` versions). The variants (no snapshots, K = 1, 5, 10) alternate in blocks of `--block` steps, in a
+rotated order each round, so that the machine's load drifts over all of them alike; each block ends when
+its last snapshot committed, and that wait counts. Target: <= 3% fewer tokens/s at K = 5.
+
+    python benchmarks/bench_snapshot.py [--model small] [--dp 2] [--rounds 3] [--block 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import print_rows, write_results
+
+KS = (0, 1, 5, 10)
+
+
+def ranks(cfg, corpus_path: str, block: int, rounds: int, warmup: int, out: str) -> dict:
+    """One rank: warm up, then `rounds` rounds of one block per variant; seconds and stalls per K."""
+    import torch.distributed as dist
+
+    from tenplex.data import Corpus
+    from tenplex.runtime.job import ElasticJob
+    from tenplex.train.worker import Trainer
+    from tenplex.transformer.save import wait_for_pending
+
+    trainer = Trainer(cfg, Corpus(Path(corpus_path)))
+    for _ in range(warmup):
+        trainer.train_step()
+    jobs = {k: ElasticJob(f"snap-k{k}", until=1 << 30, snapshot_every=k, keep=2, out=f"{out}/k{k}")
+            for k in KS}  # fmt: skip
+    seconds: dict[int, list[float]] = {k: [] for k in KS}
+    phases: dict[int, list[dict[str, float]]] = {k: [] for k in KS}
+    for r in range(rounds):
+        for k in KS[r % len(KS) :] + KS[: r % len(KS)]:
+            dist.barrier()
+            t = time.perf_counter()
+            for _ in range(block):
+                m = trainer.train_step()
+                jobs[k].step_done(m.step, trainer.state_dict, loss=m.loss)
+            if not wait_for_pending(600):
+                raise RuntimeError("a snapshot did not commit in 600 s")
+            dist.barrier()
+            seconds[k].append(time.perf_counter() - t)
+            if jobs[k]._pending is not None:  # the block's last snapshot: where its time went
+                phases[k].append(jobs[k]._pending.phases)
+    return {"seconds": seconds, "phases": phases, "tokens_per_step": trainer.tokens_per_batch}
+
+
+def snapshots(out: Path, k: int) -> list[dict]:
+    path = out / f"k{k}" / "worker.jsonl"
+    if not path.exists():
+        return []
+    return [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == "snapshot"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="small")
+    ap.add_argument("--dp", type=int, default=2)
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--pp", type=int, default=1)
+    ap.add_argument("--global-batch", type=int, default=8)
+    ap.add_argument("--block", type=int, default=10, help="steps per block (a multiple of every K)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--store-args", default="", help="extra store flags, e.g. '--huge-pages off'")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    if any(k and args.block % k for k in KS):
+        ap.error(f"--block must be a multiple of {max(KS)}")
+
+    from tenplex.data import build_corpus
+    from tenplex.store import start_store
+    from tenplex.train.config import TrainConfig
+    from tenplex.train.launch import spawn
+
+    cfg = TrainConfig(model=args.model, dp=args.dp, tp=args.tp, pp=args.pp, global_batch=args.global_batch,
+                      steps=1 << 30, warmup=2, seed=0, device="cpu")  # fmt: skip
+    corpus = build_corpus(None)
+    sp = start_store(memory_limit="4GiB", extra=args.store_args.split())
+    os.environ["TENPLEX_STORE"] = sp.url  # the spawned ranks inherit it
+    try:
+        with tempfile.TemporaryDirectory(prefix="tenplex-bench-snapshot-") as tmp:
+            t0 = time.perf_counter()
+            work = (cfg, str(corpus.path), args.block, args.rounds, args.warmup, tmp)
+            res = spawn(ranks, cfg.layout.world, *work)
+            wall = time.perf_counter() - t0
+            records = {k: snapshots(Path(tmp), k) for k in KS if k}
+        health = sp.client().health()
+    finally:
+        sp.stop()
+    seconds = {int(k): v for k, v in res[0]["seconds"].items()}
+    tokens = res[0]["tokens_per_step"] * args.block
+    base = [tokens / s for s in seconds[0]]
+    rows = []
+    for k in KS:
+        tps = [tokens / s for s in seconds[k]]
+        total = tokens * len(tps) / sum(seconds[k])
+        row = {"snapshot_every": k or "never", "tokens/s": total,
+               "overhead %": 100 * (1 - total / (tokens * len(base) / sum(seconds[0]))),
+               # per round against that round's block without snapshots: less sensitive to drift
+               "median overhead %": 100 * statistics.median(1 - a / b for a, b in zip(tps, base)),
+               }  # fmt: skip
+        if k:
+            for name in sorted({p for ph in res[0]["phases"][k] for p in ph}):
+                row[f"{name} ms"] = 1e3 * statistics.median(ph.get(name, 0.0) for ph in res[0]["phases"][k])
+            stalls = [r["stall"] for r in records[k]]
+            row.update(snapshots=len(stalls), **{"stall ms (median)": 1e3 * statistics.median(stalls)})
+            row["target"], row["ok"] = ("<= 3%", row["median overhead %"] <= 3.0) if k == 5 else ("", None)
+        rows.append(row)
+    meta = {"model": args.model, "layout": str(cfg.layout), "block": args.block, "rounds": args.rounds,
+            "store": {"huge_pages": health.get("huge_pages")}, "wall_s": wall}  # fmt: skip
+    path = write_results("bench_snapshot", rows, meta, args.out)
+    print_rows(f"snapshot overhead, {args.model} {cfg.layout}, {args.rounds} x {args.block} steps per K",
+               rows, ["snapshot_every", "tokens/s", "overhead %", "median overhead %", "snapshots",
+                      "stall ms (median)", "target", "ok"])  # fmt: skip
+    phase_cols = sorted({c for r in rows for c in r if c.endswith(" ms") and not c.startswith("stall")})
+    print_rows(
+        "the last snapshot of each block, median ms by phase (SaveHandle.phases)",
+        [r for r in rows if r["snapshot_every"] != "never"],
+        ["snapshot_every", *phase_cols],
+    )
+    print(f"results: {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

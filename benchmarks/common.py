@@ -21,7 +21,20 @@ def write_results(name: str, rows: list[dict], meta: dict | None = None, path: s
         "rows": rows,
     }
     out.write_text(json.dumps(doc, indent=1))
+    refresh_tables(out)
     return out
+
+
+def refresh_tables(results: Path) -> None:
+    """Rewrite the docs' tables (scripts/tables.py) when `results` is this checkout's results/ file, so a
+    run and the figures quoted from it are committed together."""
+    root = Path(__file__).resolve().parents[1]
+    if results.resolve().parent != root / "results" or not (root / "scripts" / "tables.py").exists():
+        return
+    import runpy
+
+    tables = runpy.run_path(str(root / "scripts" / "tables.py"))
+    tables["main"]([])
 
 
 def print_rows(title: str, rows: list[dict], columns: list[str]) -> None:

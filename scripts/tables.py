@@ -245,6 +245,20 @@ TABLES: dict[str, Table] = {
             "cross_bound_s load_s x_cross_bound nic_gbps_measured"
         ),
     ),
+    "snapshot": Table(
+        "bench_snapshot.json",
+        "python benchmarks/bench_snapshot.py",
+        (
+            ("snapshot every", key("snapshot_every")),
+            ("tokens/s", key("tokens/s", lambda v: f"{v:,.0f}")),
+            ("overhead %", key("overhead %", lambda v: num(v, 2))),
+            ("median overhead %", key("median overhead %", lambda v: num(v, 2))),
+            ("snapshots", key("snapshots")),
+            ("stall ms (median)", key("stall ms (median)")),
+            ("target", key("target")),
+            ("ok", key("ok")),
+        ),
+    ),
     "train": Table(
         "bench_train_small.json",
         "python benchmarks/bench_train.py --model small --out results/bench_train_small.json",

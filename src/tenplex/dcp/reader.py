@@ -87,7 +87,7 @@ class StoreReader(StorageReader):
         """The chosen snapshot as DCP metadata. Failing to find one is reported from
         `set_up_storage_reader`, which DCP lets raise as it is (it would swallow the error here)."""
         try:
-            snap = choose(self.job, self.step, self._urls(), with_lost=False)  # lost ones: global plan
+            snap = choose(self.job, self.step, self._urls(), check=False)  # lost ones: global plan
         except StateError as e:
             self._error = e
             return Metadata(state_dict_metadata={})
@@ -116,10 +116,10 @@ class StoreReader(StorageReader):
                 "load again, or name the step"
             )
         step, manifest, _ = self._chosen
-        snap = choose(self.job, step, self._urls(), with_lost=True)
+        snap = choose(self.job, step, self._urls(), check=True)
         if snap.manifest.get("save_id") != manifest.get("save_id"):
             raise StateError(f"version {step} of {self.job!r} was saved again during the load: load again")
-        lost, hosts = set(snap.lost), list(snap.view().mesh.hosts)
+        lost, hosts = set(snap.lost), list(snap.view.mesh.hosts)
         picks: list[list[tuple[str, str, Box] | None]] = []
         readers: dict[tuple[str, str, str, Box], set[int]] = defaultdict(set)
         missing: list[tuple[str, str]] = []

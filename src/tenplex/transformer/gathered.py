@@ -95,6 +95,9 @@ def writers(ptc: PTC) -> PTC:
 
 
 def subset(ptc: PTC, names: set[str]) -> PTC:
+    """The PTC of the tensors in `names` (itself when it has no others: building one checks every piece)."""
+    if names >= ptc.tensors.keys():
+        return ptc
     return PTC.build(
         ptc.mesh, [(ptc.tensors[n], ptc.placements[n]) for n in ptc.tensors if n in names], ptc.values
     )

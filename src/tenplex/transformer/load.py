@@ -80,7 +80,7 @@ def load(
     with bd.phase("plan"):
         old = snap.ptc
         common = _check_keys(old, new, wanted, strict)
-        old_view = snap.view()
+        old_view = snap.view
         p = plan(subset(old_view, common), subset(new, common), lost=snap.lost)
     if not p.complete:
         return fallback("unrecoverable", UnrecoverableError([(t, str(b)) for t, b in p.unrecoverable]))

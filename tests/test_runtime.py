@@ -151,6 +151,47 @@ def test_placement_says_why_it_cannot_match():
         match(Placed(Layout(1, 1, 1), ("h0/d0",)), Layout(1, 3, 1), ["h0/d0", "h0/d1", "h1/d0"], [], ptc_of)
 
 
+# -- downtime ---------------------------------------------------------------------------------------------
+
+
+def test_downtime_is_split_into_named_parts_that_add_up():
+    from tenplex.runtime.downtime import PARTS, reconfiguration
+    from tenplex.runtime.phase import Phase
+
+    old = Phase(0, Layout(2), ["h0/d0", "h0/d1"], 0, 10, launched=90.0, ended=103.0, persist_seconds=0.25)
+    for r in [
+        {"kind": "step", "step": 10, "time": 100.0},
+        {"kind": "saved", "step": 10, "seconds": 1.5, "time": 102.0},
+        {"kind": "done", "step": 10, "time": 102.1},
+    ]:
+        old.add(r)
+    new = Phase(1, Layout(1, 2, 2), ["h0/d0", "h0/d1", "h1/d0", "h1/d1"], 10, 20)
+    for r in [
+        {"kind": "loaded", "step": 10, "seconds": 0.5, "time": 104.9, "bytes": {"cross_host": 8},
+         "plan": {"cross_host_lower_bound": 8}, "source": "memory"},
+        {"kind": "ready", "step": 10, "time": 105.0, "init_at": 103.5, "process_group_seconds": 0.3},
+    ]:  # fmt: skip
+        new.add(r)
+    assert reconfiguration(old, new) is None  # reported at the new phase's first step
+    new.add({"kind": "step", "step": 11, "time": 105.75})
+    info = reconfiguration(old, new)
+    p = info["parts"]
+    assert info["downtime"] == pytest.approx(5.75) and sum(p.values()) == pytest.approx(5.75)
+    expected = {"stop": 0.5, "save": 1.5, "exit": 1.0, "persist": 0.25, "start": 0.25, "process_group": 0.3,
+                "build": 0.7, "load": 0.5, "first_step": 0.75, "other": 0.0}  # fmt: skip
+    assert set(p) == {*PARTS, "other"} and p == pytest.approx(expected)
+    assert (info["from"], info["to"], info["failure"], info["redeploy"]) == (
+        "dp2-tp1-pp1",
+        "dp1-tp2-pp2",
+        False,
+        False,
+    )
+    old.failed_at = 101.0  # a failure: no save; the downtime runs from the failure
+    failed = reconfiguration(old, new)
+    assert failed["downtime"] == pytest.approx(4.75) and failed["parts"]["save"] == 0.0
+    assert failed["parts"]["exit"] == pytest.approx(2.0) and failed["failure"]
+
+
 # -- the worker spec and the stores' identity ------------------------------------------------------------
 
 

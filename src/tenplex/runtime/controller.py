@@ -69,8 +69,9 @@ class Controller:
         self.forced: Layout | None = None
         pool_size = min(MAX_STANDBY, max([e.devices or 0 for e in cfg.schedule] + [1]))
         self.launcher = Launcher(cfg.run_dir, self.hosts, pool_size)
-        self.monitor = Monitor(self.timeline, self.live, self.hosts, self.launcher, self._ready)
+        self.monitor = Monitor(self.timeline, self.live, self.hosts, self.launcher, self._on_record)
         self._prev: Phase | None = None
+        self._persisting: threading.Thread | None = None
         # the controller's own torch import, off the first reconfiguration's path (joined before any use)
         self._preload = threading.Thread(target=importlib.import_module, args=("tenplex.transformer",))
         self._preload.daemon = True
@@ -136,8 +137,9 @@ class Controller:
                 while by_time and self._elapsed() >= by_time[0].time:
                     self._apply(by_time.pop(0), step)
                 if cfg.persist:  # at every reconfiguration, and the final state at the end
-                    self._persist(step)
+                    phase.persist_seconds = self._persist_behind(phase, step)
             prev, index = phase, index + 1
+        self._join_persist()
         self.timeline.write("finish", step=step, seconds=self._elapsed(), durable=self.durable)
         self.live.close()
         return {"run_dir": str(cfg.run_dir), "steps": step, "phases": index}
@@ -235,14 +237,18 @@ class Controller:
         self._prev = prev
         return phase
 
-    def _ready(self, phase: Phase) -> None:
-        """The new ranks are ready: report the change, and start spares while this phase trains (for a
-        larger next layout, and for a failure, after which the survivors' processes end too)."""
-        info = reconfiguration(self._prev, phase)
-        if info is not None:
-            self.timeline.write("reconfig", **info)
-            self.live.reconfig(info)
-        self.launcher.fill()
+    def _on_record(self, phase: Phase, r: dict) -> None:
+        """Once the new ranks are ready, start spares while this phase trains (for a larger next layout,
+        and for a failure, after which the survivors' processes end too); once they trained their first
+        step (or ended without one), report the change."""
+        if r["kind"] == "ready":
+            self.launcher.fill()
+        first = r["kind"] == "step" and sum(x["kind"] == "step" for x in phase.records) == 1
+        if first or (r["kind"] == "done" and not phase.trained):
+            info = reconfiguration(self._prev, phase)
+            if info is not None:
+                self.timeline.write("reconfig", **info)
+                self.live.reconfig(info)
 
     def _overlap_exit(self) -> bool:
         """Whether a phase may start before the last one's script processes are gone (the reference rank's
@@ -260,13 +266,28 @@ class Controller:
             self.hosts.fail_devices([phase.devices[r] for r in phase.killed])
         return self.hosts.apply(Event(step=phase.last_step))
 
-    def _persist(self, step: int) -> None:
+    def _persist_behind(self, phase: Phase, step: int) -> float:
+        """Persist the committed `step` as a DCP checkpoint in a thread, off the next phase's path (it
+        reads the committed version from the stores; the next phase only loads it). The seconds the next
+        phase waited: for the previous persist, if it is still writing."""
+        t = time.time()
+        self._join_persist()
+        store = self.hosts.stores[host_of(phase.devices[0])]["url"]  # one that holds the phase's saves
+        self._persisting = threading.Thread(target=self._persist, args=(step, store), daemon=True)
+        self._persisting.start()
+        return time.time() - t
+
+    def _join_persist(self) -> None:
+        if self._persisting is not None:
+            self._persisting.join()
+            self._persisting = None
+
+    def _persist(self, step: int, store: str) -> None:
         self._preload.join()
         from ..store import StoreError
         from ..transformer import StateError, persist
 
         path = self.cfg.run_dir / "durable" / f"step-{step}"
-        store = next(iter(self.hosts.stores.values()))["url"]
         try:
             info = persist(self.cfg.job, step, str(path), store=store)
         except (StoreError, StateError) as e:

@@ -1,4 +1,19 @@
-"""Downtime accounting: what one reconfiguration cost, from the ranks' records of the two phases."""
+"""Downtime accounting: what one reconfiguration cost, and where the time went, from the records of the two
+phases (the ranks' and the controller's; one machine, one clock).
+
+downtime = from the old phase's last step (or its failure) to the new phase's first step, in parts:
+  stop           the old ranks agreeing to stop, and a snapshot in flight finishing
+  save           the final save the new layout loads from
+  exit           the old ranks ending (barrier, teardown or return to the pool) until the controller sees it
+  persist        the controller's DCP copy of that state (the durable tier), before the next phase
+  start          the new ranks' processes taking their roles until the job object exists (a user script's
+                 own start-up; the controller's layout choice and rank placement)
+  process_group  torch.distributed's rendezvous
+  build          the model, the optimizer and the data (everything before the load that is not the above)
+  load           the state moved into the new layout
+  first_step     the first training step (warm-up: first collectives, allocations)
+  other          what the records do not cover (should be near zero)
+"""
 
 from __future__ import annotations
 
@@ -7,34 +22,63 @@ from typing import Any
 from .hosts import host_of
 from .phase import Phase
 
+PARTS = ("stop", "save", "exit", "persist", "start", "process_group", "build", "load", "first_step")
+
 
 def _first(phase: Phase, kind: str) -> dict | None:
     return next((r for r in phase.records if r["kind"] == kind), None)
 
 
-def reconfiguration(prev: Phase | None, phase: Phase) -> dict[str, Any] | None:
-    """The change from `prev` to `phase` once the new ranks are ready: downtime (from the old phase's last
-    step, or its failure, to the new ranks ready to train), save and load seconds, bytes moved against the
-    plan; None for the first phase or before the new ranks are ready."""
+def breakdown(prev: Phase, phase: Phase) -> dict[str, float] | None:
+    """Seconds per part of the change from `prev` to `phase` (see the module), or None until the new ranks
+    trained a step (or ended without one)."""
     ready, loaded = _first(phase, "ready"), _first(phase, "loaded")
-    if prev is None or ready is None:
+    end = _first(phase, "step") or _first(phase, "done")
+    if ready is None or end is None:
         return None
-    last_steps = [r for r in prev.records if r["kind"] == "step"]
-    saved = _first(prev, "saved")
-    since = (
-        prev.failed_at
-        if prev.failed_at is not None
-        else (last_steps[-1]["time"] if last_steps else prev.launched)
-    )
+    steps = [r for r in prev.records if r["kind"] == "step"]
+    since = prev.failed_at if prev.failed_at is not None else (steps[-1]["time"] if steps else prev.launched)
+    saved = _first(prev, "saved") if prev.failed_at is None else None
+    saved_at = saved["time"] if saved else since
+    ended = max(prev.ended or saved_at, saved_at)
+    init_at = ready.get("init_at", ready["time"])
+    load = loaded["seconds"] if loaded else 0.0
+    group = ready.get("process_group_seconds", 0.0)
+    parts = {
+        "stop": max(0.0, saved_at - saved["seconds"] - since) if saved else 0.0,
+        "save": saved["seconds"] if saved else 0.0,
+        "exit": ended - saved_at,
+        "persist": prev.persist_seconds,
+        "start": init_at - ended - prev.persist_seconds,
+        "process_group": group,
+        "build": ready["time"] - init_at - group - load,
+        "load": load,
+        "first_step": end["time"] - ready["time"] if end["kind"] == "step" else 0.0,
+    }
+    parts["other"] = (end["time"] - since) - sum(parts.values())
+    return parts
+
+
+def reconfiguration(prev: Phase | None, phase: Phase) -> dict[str, Any] | None:
+    """The change from `prev` to `phase` once the new ranks trained their first step: downtime (the old
+    phase's last step, or its failure, to that step) and its parts, save and load seconds, bytes moved
+    against the plan; None for the first phase or before that step."""
+    if prev is None:
+        return None
+    parts = breakdown(prev, phase)
+    if parts is None:
+        return None
+    loaded, saved = _first(phase, "loaded"), _first(prev, "saved")
     return {
         "from": prev.label,
         "to": phase.label,
         "step": phase.start_step,
         "failure": prev.failed_at is not None,
-        "downtime": ready["time"] - since,
-        "save_seconds": saved["seconds"] if saved else None,
+        "downtime": sum(parts.values()),
+        "parts": parts,
+        "save_seconds": saved["seconds"] if saved and prev.failed_at is None else None,
         "load_seconds": loaded["seconds"] if loaded else None,
-        "build_seconds": ready.get("build_seconds"),
+        "build_seconds": parts["build"],
         "bytes": loaded["bytes"] if loaded else {},
         "plan": loaded["plan"] if loaded else {},
         "source": loaded["source"] if loaded else "none",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,11 +93,24 @@ class EmulatedHosts:
     def store_url(self, host: str) -> str:
         """The URL of `host`'s store, started on first use (the seam where a host's store is started)."""
         if host not in self.stores:
-            log = self.run_dir / f"store-{host}.log"
-            sp = start_store(memory_limit=self.memory_limit, log=str(log))
-            self.stores[host] = {"url": sp.url, "pid": sp.proc.pid, "since": started_at(sp.proc.pid)}
+            self.stores[host] = self._start_store(host)
             self.save()
         return self.stores[host]["url"]
+
+    def store_urls(self, hosts: list[str]) -> dict[str, str]:
+        """The stores of `hosts`, those not running yet started at once (a redeploy starts several)."""
+        missing = [h for h in hosts if h not in self.stores]
+        if len(missing) > 1:
+            with ThreadPoolExecutor(len(missing)) as pool:
+                started = list(pool.map(self._start_store, missing))
+            for h, s in zip(missing, started):
+                self.stores[h] = s
+            self.save()
+        return {h: self.store_url(h) for h in hosts}
+
+    def _start_store(self, host: str) -> dict:
+        sp = start_store(memory_limit=self.memory_limit, log=str(self.run_dir / f"store-{host}.log"))
+        return {"url": sp.url, "pid": sp.proc.pid, "since": started_at(sp.proc.pid)}
 
     def kill_host(self, host: str) -> None:
         """A host failure: its store dies with its snapshots."""

@@ -69,7 +69,9 @@ class ElasticJob:
         self.store = spec.store if spec else None  # None: the transformer's default ($TENPLEX_STORE)
         self.sources = (spec.sources if spec else None) or None  # None: the transformer finds them
         self.keep = keep
+        self._init_at, t = time.time(), time.perf_counter()
         init_distributed(device)
+        self._group_seconds = time.perf_counter() - t
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         # what the phase runs, as the live view, the table and the plot name it: the layout the runtime
         # chose (the reference workload), else the one the script reports in `ready`, else the world size
@@ -126,14 +128,19 @@ class ElasticJob:
     def ready(self, step: int, *, layout: str | None = None, **fields: Any) -> None:
         """Mark the end of the restart (the downtime the controller reports ends here); `running` calls it
         if the script did not. `layout`: what this script runs, as the run's views should name it (e.g.
-        "fsdp3"). `build_seconds`: building the model and optimizer, without the load."""
+        "fsdp3"). The record carries where the restart's time went: `init_at` (this object made),
+        `process_group_seconds`, `load_seconds`, and `build_seconds` (the rest: building the model and
+        optimizer)."""
         if not self._ready:
             self._ready = True
             self.label = layout or self.label
             self.record(
                 "ready",
                 step=step,
-                build_seconds=time.perf_counter() - self._started - self._load_seconds,
+                init_at=self._init_at,
+                process_group_seconds=self._group_seconds,
+                load_seconds=self._load_seconds,
+                build_seconds=time.perf_counter() - self._started - self._load_seconds - self._group_seconds,
                 layout=self.label,
                 pid=os.getpid(),
                 world=self.world,

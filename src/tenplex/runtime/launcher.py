@@ -34,7 +34,7 @@ class Launcher:
         """Write the phase's spec and start its ranks, rank r on `phase.devices[r]`."""
         path = spec.to_file(phase.dir / "spec.json")
         port = free_port()
-        stores = {h: self.hosts.store_url(h) for h in dict.fromkeys(host_of(d) for d in phase.devices)}
+        stores = self.hosts.store_urls(list(dict.fromkeys(host_of(d) for d in phase.devices)))
         sources = [s["url"] for s in self.hosts.stores.values()]  # a snapshot may be in any of them
         for rank, device in enumerate(phase.devices):
             host = host_of(device)

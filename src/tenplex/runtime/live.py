@@ -53,7 +53,13 @@ class LiveView:
         kind = (
             "failure recovery" if info["failure"] else ("redeploy" if info["redeploy"] else "reconfiguration")
         )
-        self._print(f"  {kind} {info['from']} -> {info['to']}: downtime {info['downtime']:.2f} s")
+        parts = info.get("parts") or {}
+        big = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
+        where = ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in big if v >= 0.01)
+        self._print(
+            f"  {kind} {info['from']} -> {info['to']}: downtime {info['downtime']:.2f} s"
+            + (f" (most: {where})" if where else "")
+        )
 
     def close(self) -> None:
         if self.tty and not self.quiet:

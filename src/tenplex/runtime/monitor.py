@@ -17,7 +17,10 @@ from .schedule import Event
 from .standby import Role
 
 log = logs.get("runtime")
-KILL_AFTER_FAILURE_S = 2.0  # the survivors of a failure get this long to notice their peers are gone
+# the survivors of a failure get this long to notice their peers are gone (and a commit in flight to end)
+# before they are killed: their collectives are broken, they cannot go on. Part of a failure's downtime.
+KILL_AFTER_FAILURE_S = 0.5
+POLL_S = 0.05  # how often the ranks' records and exit codes are looked at
 
 
 class Monitor:
@@ -27,10 +30,10 @@ class Monitor:
         live: LiveView,
         hosts: EmulatedHosts,
         launcher: Launcher,
-        on_ready: Callable[[Phase], None],
+        on_record: Callable[[Phase, dict], None],
     ) -> None:
         self.timeline, self.live, self.hosts, self.launcher = timeline, live, hosts, launcher
-        self.on_ready = on_ready
+        self.on_record = on_record
         self.exiting: list[tuple[Role, float]] = []  # finished phases' ranks tearing down, since
 
     def watch(self, phase: Phase, by_step: list[Event], stop_at: float | None, overlap_exit: bool) -> None:
@@ -60,7 +63,8 @@ class Monitor:
                 for p in phase.procs:
                     if p.poll() is None:
                         p.kill()
-            time.sleep(0.05)
+            time.sleep(POLL_S)
+        phase.ended = time.time()
         self.take_records(phase)  # what the ranks wrote just before exiting
         if phase.failed_at is None and any(p.poll() not in (None, 0) for p in phase.procs):
             self.crashed(phase)  # every rank ended before a poll saw one of them die
@@ -81,8 +85,7 @@ class Monitor:
                 **{k: v for k, v in r.items() if k not in ("time", "kind")},
             )
             self.live.record(r, phase.label)
-            if r["kind"] == "ready":
-                self.on_ready(phase)
+            self.on_record(phase, r)
 
     def crashed(self, phase: Phase) -> None:
         phase.failed_at = time.time()

@@ -29,6 +29,8 @@ class Phase:
     crashed: bool = False  # a rank died on its own (not a failure the schedule injected)
     done: bool = False  # rank 0 reported the final save committed: the next phase may start
     reported: str | None = None  # the layout the ranks say they run (a script's own name for it)
+    ended: float = 0.0  # when the controller saw the ranks end (or leave, their state committed)
+    persist_seconds: float = 0.0  # the DCP snapshot the controller wrote after it, before the next phase
 
     def __post_init__(self) -> None:
         self.last_step = max(self.last_step, self.start_step)

@@ -160,6 +160,28 @@ def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=1, default=str))
 
 
+def print_breakdown(reconfigs: list[dict]) -> None:
+    """Where each reconfiguration's downtime went (`runtime.downtime` names the parts)."""
+    from ..util import print_table
+    from .downtime import PARTS
+
+    timed = [r for r in reconfigs if r.get("parts")]
+    if not timed:
+        return
+    names = [p for p in (*PARTS, "other") if any(abs(r["parts"].get(p, 0.0)) >= 0.005 for r in timed)]
+    rows = [
+        [f"{r['from']} -> {r['to']}", f"{r['downtime']:.2f}"]
+        + [f"{r['parts'].get(p, 0.0):.2f}" for p in names]
+        + [f"{r['downtime'] - (r['parts']['save'] + r['parts']['load']):.2f}"]
+        for r in timed
+    ]
+    print_table(
+        "where the downtime went (seconds; 'beyond': downtime - save - load)",
+        ["change", "downtime", *(n.replace("_", " ") for n in names), "beyond"],
+        rows,
+    )
+
+
 def print_report(s: dict) -> None:
     """Each reconfiguration (downtime, bytes moved against the lower bound), recoveries, the loss
     comparison with a static run when there is one, and the data ledger."""
@@ -183,10 +205,11 @@ def print_report(s: dict) -> None:
             ]
         )
     print_table(
-        "reconfigurations (downtime: last step of the old layout to the new one ready to train)",
+        "reconfigurations (downtime: last step of the old layout to the first step of the new one)",
         ["change", "kind", "at step", "downtime", "load", "moved", "cross-host", "lower bound", "from"],
         rows,
     )
+    print_breakdown(s["reconfigurations"])
     for rec in s["recoveries"]:
         print(
             f"failure recovery: resumed from the snapshot at step {rec['step']}, "

@@ -162,7 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] == ["--die-with"]:
         die_with(int(args[1]))
     import torch
-    import torch.distributed.checkpoint  # noqa: F401
+    import torch.distributed.checkpoint
+    import torch.distributed.fsdp
+    import torch.distributed.pipelining
+    import torch.distributed.tensor.parallel  # noqa: F401  (each a second or so a rank would wait for)
 
     import tenplex.runtime.job
     import tenplex.runtime.reference_rank  # noqa: F401

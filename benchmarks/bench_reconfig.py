@@ -348,7 +348,7 @@ def summarise(ranks: list[dict], mem_bw: float, sock_bw: float, shaped_bw: float
     return row
 
 
-SAVE_PHASES = ["describe", "create", "gather", "plan", "copy", "seal", "barrier", "commit"]
+SAVE_PHASES = ["describe", "create", "gather", "plan", "stage", "copy", "barrier", "commit"]
 LOAD_PHASES = ["describe", "gather", "choose", "plan", "reads", "shm_reads", "network_reads", "relayed_reads",
                "scatter", "barrier", "write", "restore", "drop_relays"]  # fmt: skip
 

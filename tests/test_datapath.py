@@ -136,3 +136,72 @@ def test_an_arena_off_the_main_thread_falls_back_with_a_notice(tmp_path):
     assert not os.path.exists(mem.dir)
     with pytest.raises(ValueError, match="auto, on or off"):
         open_memory(str(tmp_path), "n", 8 * MiB, "yes")
+
+
+# ---------------------------------------------------------------------- host staging of snapshots
+
+
+def test_staging_copies_cpu_state_once_into_buffers_reused_by_the_next_snapshot():
+    import torch
+
+    from tenplex.transformer.staging import StagingPool, stage
+
+    pool = StagingPool()
+    w, b = torch.arange(12.0).reshape(3, 4), torch.ones(5, dtype=torch.bfloat16)
+    snap = stage({"w": w, "b": b}, copy_cpu=True, pool=pool)
+    w.add_(100)  # the next step changes the state: the snapshot keeps the values it was taken with
+    assert np.array_equal(snap.array("w"), np.arange(12.0, dtype=np.float32).reshape(3, 4))
+    assert snap.array("b").dtype == np.uint16  # bfloat16 bytes travel as uint16
+    first = {k: t.data_ptr() for k, t in snap.buffers.items()}
+    snap.release()
+    again = stage({"w": w, "b": b}, copy_cpu=True, pool=pool)
+    assert pool.allocated == 2 and {k: t.data_ptr() for k, t in again.buffers.items()} == first
+    assert np.array_equal(again.array("w"), w.numpy())
+    again.release()
+    other = stage({"w": torch.zeros(6, 4)}, copy_cpu=True, pool=pool)  # another layout: new buffers
+    other.release()
+    assert pool.allocated == 3 and pool.nbytes() == 6 * 4 * 4  # the old layout's buffers are freed
+    view = stage({"w": w}, copy_cpu=False, pool=pool)  # a synchronous save reads a CPU tensor in place
+    assert view.buffers == {} and np.shares_memory(view.array("w"), w.numpy())
+
+
+def test_an_async_save_holds_the_state_of_its_step_while_training_changes_it():
+    import torch
+
+    import tenplex
+
+    with start_store(memory_limit="256MiB") as s:
+        w = torch.randn(256, 1024)
+        before = w.clone()
+        handle = tenplex.save({"w": w, "step": 1}, job="async", step=1, store=s.url, async_save=True)
+        w.mul_(-1)  # what the optimizer does right after the snapshot call returns
+        handle.wait()
+        assert "stage" in handle.phases and "copy" in handle.phases
+        target = {"w": torch.zeros(256, 1024), "step": 0}
+        tenplex.load(target, job="async", store=s.url)
+        assert torch.equal(target["w"], before) and target["step"] == 1
+
+
+@pytest.mark.skipif(
+    not __import__("torch").cuda.is_available(), reason="needs a CUDA device (CI and this machine have none)"
+)
+def test_cuda_state_is_staged_through_reused_pinned_buffers_before_the_next_kernels_change_it():
+    import torch
+
+    from tenplex.transformer.staging import StagingPool, stage
+
+    pool = StagingPool()
+    ts = {f"t{i}": torch.randn(1024, 1024, device="cuda") for i in range(8)}
+    want = {k: t.cpu().numpy() for k, t in ts.items()}
+    snap = stage(ts, copy_cpu=False, pool=pool)
+    for t in ts.values():  # queued on the training stream right away: must run after the copies
+        t.mul_(0)
+    assert all(b.is_pinned() for b in snap.buffers.values())
+    for k in ts:
+        assert np.array_equal(snap.array(k), want[k])
+    ptrs = sorted(b.data_ptr() for b in snap.buffers.values())
+    snap.release()
+    again = stage(ts, copy_cpu=False, pool=pool)
+    assert pool.allocated == 8 and sorted(b.data_ptr() for b in again.buffers.values()) == ptrs
+    assert all(np.array_equal(again.array(k), np.zeros((1024, 1024), np.float32)) for k in ts)
+    again.release()

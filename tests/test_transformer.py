@@ -75,7 +75,7 @@ def test_the_breakdown_accounts_for_the_save_and_the_load():
     with start_store() as s:
         state = {"w": torch.randn(64, 64), "b": torch.randn(64), "step": 3}
         handle = tenplex.save(state, job="breakdown", step=1, store=s.url)
-        assert {"describe", "gather", "plan", "create", "copy", "seal", "barrier", "commit"} <= set(
+        assert {"describe", "gather", "plan", "stage", "create", "copy", "barrier", "commit"} <= set(
             handle.phases
         )
         target = {"w": torch.zeros(64, 64), "b": torch.zeros(64), "step": 0}

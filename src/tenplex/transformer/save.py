@@ -18,8 +18,9 @@ from . import world
 from .breakdown import Breakdown
 from .errors import StateError
 from .gathered import blob_name, build_ptc, gather, merged_values, writers
-from .shards import LocalShard, Staged, local_shard
+from .shards import local_shard
 from .snapshot import make_manifest
+from .staging import stage
 from .stores import client, resolve
 from .tree import expand, flatten
 
@@ -47,7 +48,7 @@ class SaveHandle:
 
     @property
     def phases(self) -> dict[str, float]:
-        """Seconds by phase (describe, gather, plan, create, copy, seal, barrier, commit, retain); the
+        """Seconds by phase (describe, create, gather, plan, stage, copy, barrier, commit, retain); the
         commit phases of an asynchronous save appear once it finished."""
         return self.breakdown.as_dict()
 
@@ -88,7 +89,8 @@ def save(
 ) -> SaveHandle:
     """Snapshot `state_dict` as version `step` of `job`. Every rank calls it with its own shards.
 
-    Returns after the local copy into shared memory when `async_save`, else after the version committed.
+    Returns once the shards are copied into host buffers when `async_save` (the store writes and the
+    commit run in the background), else after the version committed.
     `keep` deletes all but the newest `keep` committed versions afterwards. `process_group`: the ranks
     of the job (default: all).
     """
@@ -116,28 +118,29 @@ def save(
         ptc = writers(build_ptc(layouts, merged_values(layouts)))
         me = world.rank(group)
         mine = {s.tensor for s in ptc.shards(me)}
-    with bd.phase("create"):
-        own.create_version(job, step)
-    written = 0
-    staged: list[tuple[str, LocalShard]] = []
-    with bd.phase("copy"):
-        for name in sorted(mine):
-            shard = shards[name]
-            if own.is_local:
-                arr = own.allocate_blob(job, step, blob_name(me, name), shard.dtype, shard.box.shape)
-                arr[...] = Staged(shard.local, fill=True).array
-                staged.append((blob_name(me, name), shard))
-            else:
-                array = Staged(shard.local, fill=True).array
-                own.write_blob(job, step, blob_name(me, name), array, shard.dtype)
-            written += shard.box.volume * ptc.tensors[name].itemsize
+    written = sum(shards[n].box.volume * ptc.tensors[n].itemsize for n in mine)
+    with bd.phase("stage"):  # host copies: an asynchronous save writes them to the store in the background
+        host = stage({n: shards[n].local for n in sorted(mine)}, copy_cpu=async_save)
+
+    def copy() -> None:
+        """Into the store: shared memory copied and checksummed chunk by chunk (one pass), or the network."""
+        try:
+            with bd.phase("create"):
+                own.create_version(job, step)
+            with bd.phase("copy"):
+                for name in sorted(mine):
+                    own.write_blob(job, step, blob_name(me, name), host.array(name), shards[name].dtype)
+        finally:
+            host.release()
+
+    if not async_save:
+        copy()
     local_seconds = time.perf_counter() - started
     manifest = make_manifest(job, step, ptc)
 
     def finish() -> None:
-        with bd.phase("seal"):  # the checksums of the blobs written through shared memory
-            for blob, _ in staged:
-                own.seal_blob(job, step, blob)
+        if async_save:
+            copy()
         with bd.phase("barrier"):
             world.barrier(sync_group)
         if me == 0:

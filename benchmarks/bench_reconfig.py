@@ -61,6 +61,7 @@ from tenplex.ptc.gpt import GPTConfig
 from tenplex.runtime import netns
 from tenplex.store import start_store
 from tenplex.util import free_port
+from tenplex.util.ranks import RanksFailed, run_local
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
@@ -160,32 +161,21 @@ def run_world(spec: dict, timeout: float, world: int = 4, net=None, hosts: list[
     port = free_port() if net is None else 29500
     master = "127.0.0.1" if net is None else net.hosts[hosts[0]].addr
     with tempfile.TemporaryDirectory(prefix="tenplex-bench-") as out:
-        procs = []
-        for r in range(world):
-            e = dict(os.environ)
-            e.update(
-                RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), MASTER_ADDR=master,
-                MASTER_PORT=str(port), TENPLEX_BENCH_OUT=out, TENPLEX_BENCH_SPEC=json.dumps(spec),
-                TENPLEX_EMULATED_HOSTS="1", OMP_NUM_THREADS="1",
-                PYTHONPATH=os.pathsep.join([str(HERE), str(SRC), e.get("PYTHONPATH", "")]),
-            )  # fmt: skip
-            argv = [sys.executable, "-m", "reconfig_worker"]
-            if net is None:
-                procs.append(subprocess.Popen(argv, env=e))
-                continue
-            e.update(GLOO_SOCKET_IFNAME=netns.NIC, TENPLEX_BENCH_HOST=hosts[r])
-            e["TENPLEX_STORE_TOKEN"] = token or ""
-            procs.append(net.popen(hosts[r], argv, env=e))
+        e = dict(os.environ)
+        e.update(
+            TENPLEX_BENCH_OUT=out, TENPLEX_BENCH_SPEC=json.dumps(spec), TENPLEX_EMULATED_HOSTS="1",
+            OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(HERE), str(SRC), e.get("PYTHONPATH", "")]),
+        )  # fmt: skip
+        per_rank, popen = None, None
+        if net is not None:
+            per_rank = [dict(GLOO_SOCKET_IFNAME=netns.NIC, TENPLEX_BENCH_HOST=hosts[r],
+                             TENPLEX_STORE_TOKEN=token or "") for r in range(world)]  # fmt: skip
+            popen = lambda r, argv, env: net.popen(hosts[r], argv, env=env)  # noqa: E731
         try:
-            for p in procs:
-                p.wait(timeout=timeout)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-        failed = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode != 0]
-        if failed:
-            raise SystemExit(f"ranks {failed} failed (their output is above)")
+            run_local([sys.executable, "-m", "reconfig_worker"], world, env=e, per_rank_env=per_rank,
+                      timeout=timeout, master=master, port=port, popen=popen)  # fmt: skip
+        except RanksFailed as err:
+            raise SystemExit(f"ranks {err.failed} failed (their output is above)") from None
         return [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(world)]
 
 

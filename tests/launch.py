@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from tenplex.util import free_port
+from tenplex.util.ranks import RanksFailed, run_local
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
@@ -26,41 +25,20 @@ def run_ranks(
     per_rank_env: list[dict[str, str]] | None = None,
     timeout: float = 600,
 ) -> list[dict]:
-    port = free_port()
     with tempfile.TemporaryDirectory(prefix="tenplex-test-") as out:
-        procs = []
-        for r in range(world):
-            e = dict(os.environ)
-            e.update(env or {})
-            e.update((per_rank_env or [{}] * world)[r])
-            e.update(
-                RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port), TENPLEX_TEST_OUT=out, OMP_NUM_THREADS="1",
-                PYTHONPATH=os.pathsep.join([str(HERE), str(SRC), e.get("PYTHONPATH", "")]),
-            )  # fmt: skip
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", module],
-                    env=e,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                )
-            )
-        logs = []
+        common = dict(os.environ)
+        common.update(env or {})
+        common.update(
+            TENPLEX_TEST_OUT=out,
+            OMP_NUM_THREADS="1",
+            PYTHONPATH=os.pathsep.join([str(HERE), str(SRC), common.get("PYTHONPATH", "")]),
+        )
         try:
-            for p in procs:
-                logs.append(p.communicate(timeout=timeout)[0])
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-        failed = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode != 0]
-        if failed:
-            tail = "\n".join(
-                f"--- rank {r} (exit {p.returncode}) ---\n{logs[r][-4000:]}" for r, p in enumerate(procs)
-            )
-            raise AssertionError(f"ranks {failed} failed\n{tail}")
+            run_local([sys.executable, "-m", module], world, env=common, per_rank_env=per_rank_env,
+                      timeout=timeout, capture=True)  # fmt: skip
+        except RanksFailed as e:
+            tail = "\n".join(f"--- rank {r} ---\n{log[-4000:]}" for r, log in enumerate(e.logs))
+            raise AssertionError(f"ranks {e.failed} failed\n{tail}") from None
         return [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(world)]
 
 

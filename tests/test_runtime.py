@@ -151,6 +151,26 @@ def test_placement_says_why_it_cannot_match():
         match(Placed(Layout(1, 1, 1), ("h0/d0",)), Layout(1, 3, 1), ["h0/d0", "h0/d1", "h1/d0"], [], ptc_of)
 
 
+# -- local ranks ------------------------------------------------------------------------------------------
+
+
+def test_local_ranks_get_their_place_and_failures_are_reported_with_output():
+    from tenplex.util.ranks import RanksFailed, run_local
+
+    show = "import os; print(os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['X'])"
+    logs = run_local([sys.executable, "-c", show], 2, env=dict(os.environ, X="a"),
+                     per_rank_env=[{"X": "b"}, {}], capture=True)  # fmt: skip
+    assert [line.strip() for line in logs] == ["0 2 b", "1 2 a"]
+    fail = "import os, sys; print('rank', os.environ['RANK']); sys.exit(int(os.environ['RANK']) * 3)"
+    with pytest.raises(RanksFailed) as e:
+        run_local([sys.executable, "-c", fail], 2, env=dict(os.environ), capture=True)
+    assert e.value.failed == [(1, 3)] and e.value.logs[1].strip() == "rank 1"
+    t = time.time()
+    with pytest.raises(RanksFailed):  # past the timeout: killed, not left behind
+        run_local([sys.executable, "-c", "import time; time.sleep(60)"], 1, env=dict(os.environ), timeout=1)
+    assert time.time() - t < 30
+
+
 # -- downtime ---------------------------------------------------------------------------------------------
 
 

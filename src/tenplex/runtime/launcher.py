@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..util import free_port, logs
+from ..util.ranks import rank_env
 from .hosts import EmulatedHosts, host_of
 from .phase import Phase
 from .spec import WorkerSpec
@@ -39,14 +40,8 @@ class Launcher:
         for rank, device in enumerate(phase.devices):
             host = host_of(device)
             placed = replace(spec, store=stores[host], device=device, sources=sources, emulated_hosts=True)
-            env = dict(
-                RANK=str(rank),
-                WORLD_SIZE=str(len(phase.devices)),
-                LOCAL_RANK=device.rsplit("d", 1)[1],
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-                **placed.rank_env(path),
-            )
+            env = rank_env(rank, len(phase.devices), port, local_rank=device.rsplit("d", 1)[1])
+            env.update(placed.rank_env(path))
             phase.procs.append(self.start_rank(host, env, phase.dir / f"rank{rank}.log", script))
         log.debug("phase %d: %d ranks started", phase.index, len(phase.devices))
 

@@ -18,6 +18,7 @@ import torch.multiprocessing as mp
 
 from ..ptc import TenplexError
 from ..util import free_port
+from ..util.ranks import rank_env
 
 
 class LaunchError(TenplexError, RuntimeError):
@@ -42,14 +43,7 @@ def _entry(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple
     global _CHANNEL
     _CHANNEL = results
 
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world),
-    )
+    os.environ.update(rank_env(rank, world, port), LOCAL_WORLD_SIZE=str(world))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     try:
         backend = "nccl" if torch.cuda.is_available() else "gloo"

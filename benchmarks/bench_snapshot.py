@@ -31,7 +31,7 @@ def ranks(cfg, corpus_path: str, block: int, rounds: int, warmup: int, out: str)
 
     from tenplex.data import Corpus
     from tenplex.runtime.job import ElasticJob
-    from tenplex.train.worker import Trainer
+    from tenplex.train.trainer import Trainer
     from tenplex.transformer.save import wait_for_pending
 
     trainer = Trainer(cfg, Corpus(Path(corpus_path)))

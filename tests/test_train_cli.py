@@ -65,7 +65,7 @@ def test_worker_under_torchrun(tmp_path: Path) -> None:
         "--nproc-per-node",
         "2",
         "-m",
-        "tenplex.train.worker",
+        "tenplex.train.trainer",
         "--pp",
         "2",
         "--steps",

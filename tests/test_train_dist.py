@@ -17,7 +17,7 @@ pytest.importorskip("torch")
 from tenplex.data import build_corpus
 from tenplex.train.cases import Case, CaseResult, run_cases
 from tenplex.train.launch import spawn
-from tenplex.train.worker import TrainConfig
+from tenplex.train.trainer import TrainConfig
 
 pytestmark = pytest.mark.dist
 

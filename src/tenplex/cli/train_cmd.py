@@ -1,6 +1,6 @@
 """`tenplex train`: the reference GPT job in dp*tp*pp local ranks, with a progress bar and JSON-lines metrics.
 
-The same flags work under torchrun: `torchrun --nproc-per-node N -m tenplex.train.worker ...`.
+The same flags work under torchrun: `torchrun --nproc-per-node N -m tenplex.train.trainer ...`.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from dataclasses import asdict, replace
 import torch.distributed as dist
 
 from ..train.config import TrainConfig
-from ..train.worker import Trainer
+from ..train.trainer import Trainer
 from .job import ElasticJob
 from .spec import SPEC, SpecError, WorkerSpec
 

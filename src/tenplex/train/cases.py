@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from ..data import Corpus
 from .state import full_model_state
-from .worker import TrainConfig, Trainer
+from .trainer import TrainConfig, Trainer
 
 
 @dataclass

@@ -75,7 +75,7 @@ class TrainConfig:
 
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
-    """The flags of `tenplex train` and of `python -m tenplex.train.worker` (one definition for both)."""
+    """The flags of `tenplex train` and of `python -m tenplex.train.trainer` (one definition for both)."""
     d = TrainConfig()
     p.add_argument("--model", default=d.model, help="preset name (tiny, small, base, medium, gpt3-...)")
     for name in ("dp", "tp", "pp"):

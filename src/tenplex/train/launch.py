@@ -114,7 +114,7 @@ def context() -> Any:
 
 
 def _train_rank(cfg: Any) -> list[Any]:
-    from .worker import run_worker
+    from .trainer import run_worker
 
     return run_worker(cfg, on_step=report)
 

@@ -1,7 +1,7 @@
 """The per-rank training loop: `Trainer(cfg)` in every rank of an initialised process group.
 
 Use it three ways: `tenplex train` (spawns local ranks through `launch.py`), `torchrun --nproc-per-node N -m
-tenplex.train.worker --dp .. --tp .. --pp ..`, or programmatically: call `run_worker(TrainConfig(...))` in
+tenplex.train.trainer --dp .. --tp .. --pp ..`, or programmatically: call `run_worker(TrainConfig(...))` in
 every rank (it initialises the default group from the torchrun environment variables when needed), or
 build a `Trainer` and drive `train_step()`, `state_dict()` and `load_state_dict()` yourself (as the
 runtime does).
@@ -227,8 +227,8 @@ def run_worker(cfg: TrainConfig, on_step: Callable[[StepMetrics], None] | None =
 
 
 def main(argv: list[str] | None = None) -> int:
-    """torchrun entry point: `torchrun --nproc-per-node 4 -m tenplex.train.worker --dp 2 --tp 2`."""
-    p = argparse.ArgumentParser(prog="python -m tenplex.train.worker")
+    """torchrun entry point: `torchrun --nproc-per-node 4 -m tenplex.train.trainer --dp 2 --tp 2`."""
+    p = argparse.ArgumentParser(prog="python -m tenplex.train.trainer")
     add_train_args(p)
     cfg = config_from_args(p.parse_args(argv))
 

@@ -95,3 +95,29 @@ def test_the_breakdown_accounts_for_the_save_and_the_load():
         assert all(v >= 0 for v in info.phases.values())
         assert sum(info.phases.get(k, 0.0) for k in sequential) <= info.seconds
         assert info.phases["shm_reads"] <= info.phases["reads"]
+
+
+def test_periodic_saves_of_an_unchanged_layout_reuse_it_and_a_changed_one_is_built_again():
+    """The second save of the same layout neither gathers the descriptions again nor plans (no "plan"
+    phase), yet commits its own values; a tensor more is a new layout, planned and loaded right."""
+    import torch
+
+    import tenplex
+
+    with start_store() as s:
+        w = torch.randn(8, 4)
+        first = tenplex.save({"w": w, "step": 1}, job="periodic", step=1, store=s.url)
+        again = tenplex.save({"w": w + 1, "step": 2}, job="periodic", step=2, store=s.url)
+        assert "plan" in first.phases and "plan" not in again.phases, (first.phases, again.phases)
+        target = {"w": torch.zeros(8, 4), "step": 0}
+        tenplex.load(target, job="periodic", store=s.url)
+        assert target["step"] == 2 and torch.equal(target["w"], w + 1)
+        grown = tenplex.save({"w": w + 2, "b": torch.ones(3), "step": 3}, job="periodic", step=3, store=s.url)
+        assert "plan" in grown.phases
+        target = {"w": torch.zeros(8, 4), "b": torch.zeros(3), "step": 0}
+        tenplex.load(target, job="periodic", store=s.url)
+        assert (
+            target["step"] == 3
+            and torch.equal(target["w"], w + 2)
+            and torch.equal(target["b"], torch.ones(3))
+        )

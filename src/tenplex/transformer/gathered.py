@@ -7,13 +7,15 @@ store it talks to, its device id is stable across restarts (TENPLEX_DEVICE, else
 
 from __future__ import annotations
 
+import hashlib
 import os
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..ptc import PTC, Box, Explicit, Mesh, Piece, PTCError, TensorMeta
 from . import world
+from .breakdown import Breakdown
 from .errors import StateError
 from .shards import LocalShard
 
@@ -40,6 +42,67 @@ def gather(
 ) -> list[RankShards]:
     """Every rank's shards and values; values are small (steps, hyperparameters, sampler positions)."""
     return world.all_gather(describe(store, shards, values, group), group)
+
+
+@dataclass
+class Writers:
+    """The writers' layout of a save (`writers(build_ptc(...))`, values apart), its manifest JSON, what
+    this rank writes and what each store must hold: kept per layout, so that periodic saves of an
+    unchanged layout neither gather the shard descriptions nor build and check the PTC again."""
+
+    ptc: PTC
+    layout: dict[str, Any]  # ptc.to_json() without "values"
+    mine: set[str]  # the tensors this rank writes
+    blobs: dict[str, list[str]]  # store -> the blobs it must hold
+
+
+_writers: OrderedDict[str, Writers] = OrderedDict()  # layout key -> writers; the newest last
+KEEP_LAYOUTS = 8
+
+
+def gather_writers(
+    store: str, shards: dict[str, LocalShard], values: dict[str, Any], group: world.Group, bd: Breakdown
+) -> tuple[Writers, dict[str, Any]]:
+    """The writers' layout and the job's values. One all-gather of each rank's values, a digest of its
+    shard descriptions and the layouts it knows; only when some rank lacks this layout, a second one of
+    the descriptions (every rank decides from the same gathered answers, so all agree)."""
+    mine = describe(store, shards, {}, group)
+    digest = _digest((mine.store, mine.device, mine.tensors))
+    with bd.phase("gather"):
+        answers = world.all_gather((digest, values, list(_writers)), group)
+    key = _digest([a[0] for a in answers])
+    merged: dict[str, Any] = {}
+    for _, vals, _ in answers:
+        for k, v in vals.items():
+            merged.setdefault(k, v)
+    if all(key in known for _, _, known in answers):
+        _writers.move_to_end(key)
+        return _writers[key], merged
+    with bd.phase("gather"):
+        layouts = world.all_gather(mine, group)
+    with bd.phase("plan"):
+        return _remember(key, writers(build_ptc(layouts)), world.rank(group)), merged
+
+
+def _remember(key: str, ptc: PTC, me: int) -> Writers:
+    layout = ptc.to_json()
+    layout.pop("values", None)
+    hosts = ptc.mesh.hosts
+    blobs: dict[str, list[str]] = {h: [] for h in hosts}
+    for r, host in enumerate(hosts):
+        blobs[host].extend(blob_name(r, s.tensor) for s in ptc.shards(r))
+    found = _writers[key] = Writers(ptc, layout, {s.tensor for s in ptc.shards(me)}, blobs)
+    while len(_writers) > KEEP_LAYOUTS:
+        _writers.popitem(last=False)
+    return found
+
+
+def forget_layouts() -> None:
+    _writers.clear()
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.blake2b(repr(obj).encode(), digest_size=16).hexdigest()
 
 
 def merged_values(layouts: list[RankShards]) -> dict[str, Any]:

@@ -11,13 +11,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..ptc import PTC
 from ..ptc import values as value_codec
 from ..store import NotFoundError, StoreClient
 from . import world
 from .breakdown import Breakdown
 from .errors import StateError
-from .gathered import blob_name, build_ptc, gather, merged_values, writers
+from .gathered import blob_name, forget_layouts, gather_writers
 from .shards import local_shard
 from .snapshot import make_manifest
 from .staging import stage
@@ -65,6 +64,7 @@ def forget_groups() -> None:
     """Drop what this process keeps per process group: a process that runs a rank of another layout next
     has a new default group, and the old groups' gloo twins belong to a world that is gone."""
     _background.clear()
+    forget_layouts()
 
 
 def wait_for_pending(timeout: float) -> bool:
@@ -112,12 +112,8 @@ def save(
     own = client(url)
     with bd.phase("create"):
         _replace_committed(own, job, step)  # before the all-gather, so before any rank of the save writes
-    with bd.phase("gather"):
-        layouts = gather(url, shards, values, group)
-    with bd.phase("plan"):
-        ptc = writers(build_ptc(layouts, merged_values(layouts)))
-        me = world.rank(group)
-        mine = {s.tensor for s in ptc.shards(me)}
+    found, merged = gather_writers(url, shards, values, group, bd)  # built only for a new layout
+    ptc, mine, me = found.ptc, found.mine, world.rank(group)
     written = sum(shards[n].box.volume * ptc.tensors[n].itemsize for n in mine)
     with bd.phase("stage"):  # host copies: an asynchronous save writes them to the store in the background
         host = stage({n: shards[n].local for n in sorted(mine)}, copy_cpu=async_save)
@@ -136,7 +132,7 @@ def save(
     if not async_save:
         copy()
     local_seconds = time.perf_counter() - started
-    manifest = make_manifest(job, step, ptc)
+    manifest = make_manifest(job, step, ptc, layout=found.layout, values=merged)
 
     def finish() -> None:
         if async_save:
@@ -147,9 +143,8 @@ def save(
             with bd.phase("commit"):
                 # where each store copies its committed versions, so a load can find them when it dies
                 manifest["replicas"] = {u: client(u).health().get("replicas", []) for u in manifest["stores"]}
-                blobs = _blobs_by_store(ptc)
                 for url_ in manifest["stores"]:
-                    client(url_).commit(job, step, manifest, wait_replicas=True, blobs=blobs[url_])
+                    client(url_).commit(job, step, manifest, wait_replicas=True, blobs=found.blobs[url_])
             if keep is not None:  # only once committed everywhere: a crash in between must leave a version
                 with bd.phase("retain"):  # that is complete on every store
                     for url_ in manifest["stores"]:
@@ -184,11 +179,3 @@ def _replace_committed(own: StoreClient, job: str, step: int) -> None:
             own.delete_version(job, step)
         except NotFoundError:  # another rank on this host deleted it first
             pass
-
-
-def _blobs_by_store(ptc: PTC) -> dict[str, list[str]]:
-    """The blobs each store must hold for the version: what its ranks write."""
-    out: dict[str, list[str]] = {h: [] for h in ptc.mesh.hosts}
-    for r, host in enumerate(ptc.mesh.hosts):
-        out[host].extend(blob_name(r, s.tensor) for s in ptc.shards(r))
-    return out

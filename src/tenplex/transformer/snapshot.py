@@ -14,6 +14,7 @@ from functools import cached_property
 from typing import Any
 
 from ..ptc import PTC, Mesh
+from ..ptc import values as value_codec
 from ..store import StoreError, StoreUnavailable
 from .errors import NoSnapshotError, StateError
 from .gathered import blob_name
@@ -22,14 +23,23 @@ from .stores import client
 MANIFEST_FORMAT = "tenplex.snapshot"
 
 
-def make_manifest(job: str, step: int, ptc: PTC) -> dict[str, Any]:
-    """The manifest of a new save of `ptc` (the writers' layout); `replicas` is added at commit time."""
+def make_manifest(
+    job: str,
+    step: int,
+    ptc: PTC,
+    *,
+    layout: dict[str, Any] | None = None,
+    values: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The manifest of a new save of `ptc` (the writers' layout); `replicas` is added at commit time. With a
+    cached layout, `layout` is its PTC's JSON without values and `values` this save's values."""
+    data = ptc.to_json() if layout is None else {**layout, "values": value_codec.encode(values or {})}
     return {
         "format": MANIFEST_FORMAT,
         "job": job,
         "step": step,
         "save_id": uuid.uuid4().hex,  # tells this save's commits from an abandoned attempt at the same step
-        "ptc": ptc.to_json(),
+        "ptc": data,
         "stores": sorted(set(ptc.mesh.hosts)),
     }
 

@@ -128,10 +128,10 @@ def test_a_store_dying_mid_load_leaves_the_targets_or_falls_back(tmp_path, monke
             tenplex.save(source, job="dies", step=1, store=old.url)
             tenplex.persist("dies", 1, str(tmp_path / f"dcp{fallback}"), store=old.url)
 
-            def dying(requests, concurrency=8):
+            def dying(requests, *args, **kwargs):
                 old.proc.send_signal(signal.SIGKILL)
                 old.proc.wait()
-                return real(requests, concurrency)
+                return real(requests, *args, **kwargs)
 
             monkeypatch.setattr(fetch, "read_many", dying)
             target = _state(fill=-5.0)

@@ -54,6 +54,14 @@ def sample(dtype: str, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
     return rng.integers(0, 120, size=shape).astype(NUMPY_DTYPE[dtype])
 
 
+def blob_path(c: StoreClient, job: str, step: int, name: str) -> str:
+    """The shared-memory file of a blob, asked the way a reader asks (and its lease ended)."""
+    pin: list = []
+    found = c.request("POST", f"/v1/jobs/{job}/versions/{step}/locate", {"names": [name]}, hold=pin)
+    c._unlease(found["lease"], pin)
+    return found["blobs"][0]["path"]
+
+
 def job_name(request) -> str:
     return "j-" + "".join(ch if ch.isalnum() else "-" for ch in request.node.name)[:100]
 
@@ -329,7 +337,7 @@ def test_checksum_mismatch_is_detected_not_loaded(store, request):
     a = sample("uint8", (3 << 20,), 5)
     c.write_blob(job, 1, "w", a)
     c.commit(job, 1, None)
-    path = c.request("POST", f"/v1/jobs/{job}/versions/1/locate", {"names": ["w"]})["blobs"][0]["path"]
+    path = blob_path(c, job, 1, "w")
     assert os.path.basename(path).startswith("b")  # generated file name, never the blob name
     with open(path, "r+b") as f:  # flip one byte in the second 1 MiB chunk
         f.seek((1 << 20) + 12345)
@@ -443,16 +451,14 @@ def test_freed_files_are_recycled_within_the_limit(request):
     job = job_name(request)
     with start_store(memory_limit="1MiB") as sp:
         c = sp.client(local=True)
-        loc = f"/v1/jobs/{job}/versions/%d/locate"
         c.write_blob(job, 1, "w", np.full(1000, 1, np.int64))
         c.commit(job, 1, None)
-        first = c.request("POST", loc % 1, {"names": ["w"]})["blobs"][0]["path"]
+        first = blob_path(c, job, 1, "w")
         c.delete_version(job, 1)
         assert c.stats()["memory_pooled"] == 8000 and c.stats()["memory_used"] == 0
-        time.sleep(2.1)  # the grace period before a freed file is reused
-        c.write_blob(job, 2, "w", np.full(1000, 2, np.int64))
+        c.write_blob(job, 2, "w", np.full(1000, 2, np.int64))  # no reader holds it: reused at once
         c.commit(job, 2, None)
-        assert c.request("POST", loc % 2, {"names": ["w"]})["blobs"][0]["path"] == first
+        assert blob_path(c, job, 2, "w") == first
         out = np.empty(1000, np.int64)
         sp.client(local=False).read_box(job, 2, "w", Box((0,), (1000,)), out)
         assert (out == 2).all()

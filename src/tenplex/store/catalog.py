@@ -1,14 +1,25 @@
-"""The daemon's in-memory catalog: jobs → versions → blobs, memory accounting and retention.
+"""The daemon's in-memory catalog: jobs → steps → saves → blobs, memory accounting and retention.
 
 All metadata changes happen under one lock; bulk bytes are moved outside it. A version becomes readable
 only when committed, and only sealed blobs can be committed, so a reader never sees a torn blob.
+
+Integrity rules (see docs/store.md, "Integrity guarantees"):
+- a step holds this store's own save of it and, separately, one copy per peer that replicates here, each
+  keyed by its `save_id`; a read is served from the blobs of one save only, and a copy never replaces an
+  own blob;
+- a blob is reference-counted while a request serves it: a deleted blob's file goes back to the pool only
+  when the last holder releases it, so a reused file can never be overwritten under a reader;
+- a write lands only in the very version it was started for: if that version was deleted, replaced or
+  committed meanwhile, the bytes are dropped and the writer gets an error.
 """
 
 from __future__ import annotations
 
 import mmap
+import re
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from math import prod
 from typing import Any
@@ -17,6 +28,9 @@ from ..ptc import item_size
 from .checksum import CHUNK
 from .errors import BadRequestError, ConflictError, MemoryLimitError, NotFoundError
 from .shm import Arena
+
+ANY: Any = object()  # "whichever save this store shows for the step"
+_SAVE_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
 @dataclass(eq=False)
@@ -32,6 +46,9 @@ class Blob:
     digests: list[int] = field(default_factory=list)
     copies: list[str] = field(default_factory=list)
     origin: str | None = None  # for a replica: the store whose blob this copies
+    refs: int = 0  # requests serving it right now (reads, relay answers, replication pushes)
+    dead: bool = False  # deleted: its file is freed when the last holder releases it
+    mapped: bool = False  # a client writes it through its own mapping (allocate): never pooled unsealed
 
     @property
     def itemsize(self) -> int:
@@ -60,33 +77,74 @@ class Blob:
 
 @dataclass(eq=False)
 class Version:
+    """One save of a step as this store holds it: its own ranks' blobs, or (`replica_of`) a peer's copy."""
+
     step: int
+    save_id: str | None = None
+    replica_of: str | None = None
     blobs: dict[str, Blob] = field(default_factory=dict)
     committed: bool = False
     manifest: Any = None
     created: float = field(default_factory=time.time)
-    replica_of: str | None = None
+    committed_at: float = 0.0
     replication: str = "none"  # none | pending | done | failed: <reason>
+    live: bool = True  # False once deleted or replaced: a write started for it must not land anywhere
 
     def info(self) -> dict[str, Any]:
         return {
             "step": self.step, "committed": self.committed, "blobs": len(self.blobs),
             "nbytes": sum(b.nbytes for b in self.blobs.values()), "created": self.created,
             "replica_of": self.replica_of, "replication": self.replication,
-            # the committer's id for this save, so readers can tell it from another attempt at the step
-            "save_id": self.manifest.get("save_id") if isinstance(self.manifest, dict) else None,
+            "save_id": self.save_id,  # tells this save from another attempt at the step
         }  # fmt: skip
 
 
+@dataclass(eq=False)
+class Slot:
+    """Everything held for one (job, step): this store's own save and the copies peers pushed here."""
+
+    own: Version | None = None
+    copies: dict[str, Version] = field(default_factory=dict)  # origin URL -> its newest save copied here
+
+    def versions(self) -> list[Version]:
+        return ([self.own] if self.own is not None else []) + list(self.copies.values())
+
+    def readable(self, save_id: Any = ANY) -> list[Version]:
+        """The committed versions a read is served from, all of one save (own first).
+
+        By default the save shown is this store's own once committed (a store that writes the step itself
+        shows nothing before its own commit), else the copy committed last."""
+        if save_id is ANY:
+            if self.own is not None:
+                if not self.own.committed:
+                    return []
+                save_id = self.own.save_id
+            else:
+                done = [c for c in self.copies.values() if c.committed]
+                if not done:
+                    return []
+                save_id = max(done, key=lambda c: c.committed_at).save_id
+        return [v for v in self.versions() if v.committed and v.save_id == save_id]
+
+    def info(self) -> dict[str, Any]:
+        shown = self.readable()
+        head = shown[0] if shown else (self.own or next(iter(self.copies.values())))
+        out = head.info()
+        if len(shown) > 1:
+            out["blobs"] = sum(len(v.blobs) for v in shown)
+            out["nbytes"] = sum(b.nbytes for v in shown for b in v.blobs.values())
+        return out
+
+
 class Catalog:
-    """Jobs, versions, blobs and the memory they take; every method is thread-safe."""
+    """Jobs, steps, saves, blobs and the memory they take; every method is thread-safe."""
 
     def __init__(self, arena: Arena, memory_limit: int) -> None:
         self.arena = arena
         self.limit = memory_limit
         self.used = 0
         self.lock = threading.RLock()
-        self.jobs: dict[str, dict[int, Version]] = {}
+        self.jobs: dict[str, dict[int, Slot]] = {}
 
     # ---- memory
 
@@ -113,104 +171,238 @@ class Catalog:
             self.used -= nbytes
 
     def drop(self, blob: Blob) -> None:
-        """Give a blob's memory back; its file goes to the pool for reuse by a blob of the same size."""
+        """Delete a blob: its memory and file are given back now, or when the last holder releases it."""
+        with self.lock:
+            if blob.dead:
+                return
+            blob.dead = True
+            if blob.refs:
+                return
+        self._free_file(blob)
+
+    def _free_file(self, blob: Blob) -> None:
         self.free(blob.nbytes)
-        self.arena.recycle(blob.path, blob.mem, blob.nbytes)
+        if blob.mapped and not blob.sealed:
+            self.arena.discard(blob.path, blob.mem)
+        else:  # to the pool, for the next blob of the same size
+            self.arena.recycle(blob.path, blob.mem, blob.nbytes)
+
+    def hold(self, blob: Blob) -> Blob:
+        """Count one more request serving `blob`; NotFoundError if it was deleted meanwhile."""
+        with self.lock:
+            if blob.dead:
+                raise NotFoundError(f"blob {blob.name!r} was deleted")
+            blob.refs += 1
+        return blob
+
+    def hold_version(self, v: Version) -> list[Blob] | None:
+        """`hold` every blob of `v` (a replication push), or None when `v` was deleted meanwhile."""
+        with self.lock:
+            if not v.live:
+                return None
+            blobs = list(v.blobs.values())
+            for b in blobs:
+                b.refs += 1
+        return blobs
+
+    def release(self, blobs: Iterable[Blob]) -> None:
+        """End the requests `hold` counted; a deleted blob's file is freed with its last holder."""
+        freed = []
+        with self.lock:
+            for b in blobs:
+                b.refs -= 1
+                if b.refs == 0 and b.dead:
+                    freed.append(b)
+        for b in freed:
+            self._free_file(b)
 
     # ---- lookups
 
-    def version(self, job: str, step: int, committed: bool | None = None) -> Version:
-        versions = self.jobs.get(job)
-        if versions is None:
-            raise NotFoundError(f"unknown job {job!r}")
-        v = versions.get(step)
-        if v is None or (committed and not v.committed):
-            raise NotFoundError(f"job {job!r} has no committed version {step}")
-        return v
-
-    def blob(self, job: str, step: int, name: str) -> Blob:
-        """A readable blob: only committed versions are served."""
+    def slot(self, job: str, step: int) -> Slot:
         with self.lock:
-            b = self.version(job, step, committed=True).blobs.get(name)
-        if b is None:
-            raise NotFoundError(f"version {step} of job {job!r} has no blob {name!r}")
-        return b
+            versions = self.jobs.get(job)
+            if versions is None:
+                raise NotFoundError(f"unknown job {job!r}")
+            s = versions.get(step)
+            if s is None:
+                raise NotFoundError(f"job {job!r} has no version {step}")
+            return s
+
+    def readable(self, job: str, step: int, save_id: Any = ANY) -> list[Version]:
+        """The committed versions of one save a read of (job, step) is served from (NotFoundError if none)."""
+        with self.lock:
+            shown = self.slot(job, step).readable(save_id)
+        if not shown:
+            which = "" if save_id is ANY else f" of save {save_id}"
+            raise NotFoundError(f"job {job!r} has no committed version {step}{which}")
+        return shown
+
+    def blob(self, job: str, step: int, name: str, save_id: Any = ANY) -> Blob:
+        """A readable blob: only committed versions are served, and only those of one save."""
+        with self.lock:
+            for v in self.readable(job, step, save_id):
+                if name in v.blobs:
+                    return v.blobs[name]
+        raise NotFoundError(f"version {step} of job {job!r} has no blob {name!r}")
+
+    def hold_blobs(self, job: str, step: int, names: list[str], save_id: Any = ANY) -> list[Blob]:
+        """Look up and `hold` blobs of one save in one step, atomically; `release` them when served."""
+        with self.lock:
+            blobs = [self.blob(job, step, n, save_id) for n in names]
+            for b in blobs:
+                b.refs += 1
+        return blobs
+
+    def listing(self, job: str) -> list[dict[str, Any]]:
+        with self.lock:
+            versions = self.jobs.get(job)
+            if versions is None:
+                raise NotFoundError(f"unknown job {job!r}")
+            return [versions[s].info() for s in sorted(versions) if versions[s].versions()]
+
+    def stats(self) -> dict[str, int]:
+        with self.lock:
+            slots = [s for vs in self.jobs.values() for s in vs.values()]
+            versions = [v for s in slots for v in s.versions()]
+            return {"memory_used": self.used, "memory_limit": self.limit, "jobs": len(self.jobs),
+                    "versions": len(slots), "committed": sum(bool(s.readable()) for s in slots),
+                    "blobs": sum(len(v.blobs) for v in versions)}  # fmt: skip
 
     # ---- changes
 
-    def create_version(self, job: str, step: int) -> Version:
+    def create_version(
+        self, job: str, step: int, save_id: str | None = None, replica_of: str | None = None
+    ) -> Version:
+        """The open version of (job, step) for save `save_id` — this store's own, or `replica_of`'s copy.
+
+        Own: a committed version is kept for the same save and refused for another (delete it first); an
+        open one of another save is an abandoned attempt and is replaced. A copy of a newer save replaces
+        the copy of an older one (a peer pushes its saves of a step in order)."""
+        gone: list[Version] = []
         with self.lock:
-            return self.jobs.setdefault(job, {}).setdefault(step, Version(step))
+            slot = self.jobs.setdefault(job, {}).setdefault(step, Slot())
+            cur = slot.own if replica_of is None else slot.copies.get(replica_of)
+            if cur is not None and cur.save_id is None and not cur.committed and save_id is not None:
+                cur.save_id = save_id  # created before the writers knew their save's id
+            if cur is not None and save_id is not None and cur.save_id != save_id:
+                if cur.committed and replica_of is None:
+                    raise ConflictError(
+                        f"version {step} of job {job!r} is committed by save {cur.save_id}; delete it "
+                        f"before saving it again (save {save_id})"
+                    )
+                gone.append(cur)
+                cur = None
+            if cur is None:
+                cur = Version(step, save_id, replica_of)
+                if replica_of is None:
+                    slot.own = cur
+                else:
+                    slot.copies[replica_of] = cur
+            for v in gone:
+                v.live = False
+        for v in gone:
+            for b in v.blobs.values():
+                self.drop(b)
+        return cur
 
-    def writable(self, job: str, step: int) -> Version:
-        v = self.create_version(job, step)
-        if v.committed:
-            raise ConflictError(f"version {step} of job {job!r} is committed and cannot change")
-        return v
-
-    def put(self, job: str, step: int, blob: Blob) -> None:
-        """Insert (or replace) a blob of an uncommitted version; drops the blob if that is impossible.
-
-        A replica (`blob.origin` set) may also join a committed version it is missing from: this store can
-        be a primary of the same save, committed before its peer's copies arrive.
-        """
+    def writable(
+        self, job: str, step: int, save_id: str | None = None, replica_of: str | None = None
+    ) -> Version:
+        """The open version a new blob goes into (created if absent); ConflictError if it is committed or
+        belongs to another save."""
         with self.lock:
-            v = self.create_version(job, step)
-            old = v.blobs.get(blob.name)
-            if v.committed and (blob.origin is None or old is not None):
-                self.drop(blob)
-                if blob.origin is not None:
-                    return  # that copy is here already
-                raise ConflictError(f"version {step} of job {job!r} is committed and cannot change")
-            v.blobs[blob.name] = blob
+            slot = self.jobs.get(job, {}).get(step)
+            cur = None if slot is None else slot.own if replica_of is None else slot.copies.get(replica_of)
+            if cur is None:
+                return self.create_version(job, step, save_id, replica_of)
+            what = f"version {step} of job {job!r}" + (f" (copy of {replica_of})" if replica_of else "")
+            if cur.committed:
+                raise ConflictError(f"{what} is committed and cannot change")
+            if save_id is not None and cur.save_id not in (None, save_id):
+                raise ConflictError(f"{what} belongs to save {cur.save_id}, not {save_id}")
+            if save_id is not None:
+                cur.save_id = save_id
+            return cur
+
+    def put(self, v: Version, blob: Blob) -> None:
+        """Insert (or replace) a blob of `v`, the open version it was written for; if `v` was deleted,
+        replaced or committed meanwhile, the blob is dropped and ConflictError raised (never a version
+        recreated by a write that started before its delete)."""
+        with self.lock:
+            ok = v.live and not v.committed
+            old = v.blobs.get(blob.name) if ok else None
+            if ok:
+                v.blobs[blob.name] = blob
+        if not ok:
+            self.drop(blob)
+            state = "committed" if v.committed else "deleted or replaced"
+            raise ConflictError(f"version {v.step} was {state} while blob {blob.name!r} was being written")
         if old is not None:
             self.drop(old)
 
     def pending_blob(self, job: str, step: int, name: str) -> Blob:
         with self.lock:
-            b = self.writable(job, step).blobs.get(name)
+            own = self.slot(job, step).own
+            if own is None or own.committed:
+                raise ConflictError(f"version {step} of job {job!r} has no open blob {name!r} to seal")
+            b = own.blobs.get(name)
         if b is None:
             raise NotFoundError(f"version {step} of job {job!r} has no blob {name!r} to seal")
         return b
 
     def commit(
-        self, job: str, step: int, manifest: Any, replica_of: str | None, blobs: list[str] | None = None
+        self,
+        job: str,
+        step: int,
+        manifest: Any,
+        replica_of: str | None,
+        blobs: list[str] | None = None,
+        save_id: str | None = None,
     ) -> tuple[Version, bool]:
         """Make a version visible; (version, True) when this call committed it, False if it already was.
 
-        With `blobs`, those blobs make the version: each must be there and sealed; unsealed others (left by
-        a writer of an abandoned attempt at this version) are dropped, sealed others (e.g. a peer's
-        replicas) are kept.
-        """
+        `save_id` (default: the manifest's) must be the version's. With `blobs`, those blobs make the
+        version: each must be there and sealed; others (left by a writer of an abandoned attempt at this
+        version) are dropped."""
+        if save_id is None and isinstance(manifest, dict) and isinstance(manifest.get("save_id"), str):
+            save_id = manifest["save_id"]
         with self.lock:
-            v = self.version(job, step)
-            if replica_of is not None and (v.committed or any(b.origin is None for b in v.blobs.values())):
-                return v, False  # a copy of a peer's save where this store writes that save itself
-            if v.committed and not (replica_of is None and v.replica_of is not None):
+            slot = self.slot(job, step)
+            v = slot.own if replica_of is None else slot.copies.get(replica_of)
+            what = f"version {step} of {job!r}" + (f" (copy of {replica_of})" if replica_of else "")
+            if v is None:
+                raise NotFoundError(f"cannot commit {what}: nothing was written")
+            if save_id is not None and v.save_id not in (None, save_id):
+                raise ConflictError(f"cannot commit {what} as save {save_id}: it holds save {v.save_id}")
+            if v.committed:
                 return v, False
             wanted = v.blobs.keys() if blobs is None else blobs
             missing = [n for n in wanted if n not in v.blobs]
             if missing:
-                raise ConflictError(f"cannot commit version {step} of {job!r}: blobs missing: {missing[:5]}")
+                raise ConflictError(f"cannot commit {what}: blobs missing: {missing[:5]}")
             unsealed = [n for n in wanted if not v.blobs[n].sealed]
             if unsealed:
-                raise ConflictError(
-                    f"cannot commit version {step} of {job!r}: blobs not sealed: {unsealed[:5]}"
-                )
-            stale = [v.blobs.pop(n) for n in set(v.blobs) - set(wanted) if not v.blobs[n].sealed]
-            v.manifest, v.replica_of, v.committed = manifest, replica_of, True
+                raise ConflictError(f"cannot commit {what}: blobs not sealed: {unsealed[:5]}")
+            stale = [v.blobs.pop(n) for n in set(v.blobs) - set(wanted)]
+            v.manifest, v.committed, v.committed_at = manifest, True, time.monotonic()
+            if save_id is not None:
+                v.save_id = save_id
         for b in stale:
             self.drop(b)
         return v, True
 
     def delete_version(self, job: str, step: int) -> None:
+        """Delete a step: this store's own save of it and every copy of it."""
         with self.lock:
-            v = self.version(job, step)
+            slot = self.slot(job, step)
             del self.jobs[job][step]
             if not self.jobs[job]:
                 del self.jobs[job]
-        for b in v.blobs.values():
-            self.drop(b)
+            for v in slot.versions():
+                v.live = False
+        for v in slot.versions():
+            for b in v.blobs.values():
+                self.drop(b)
 
     def delete_job(self, job: str) -> None:
         with self.lock:
@@ -230,7 +422,7 @@ class Catalog:
         with self.lock:
             if job not in self.jobs:
                 raise NotFoundError(f"unknown job {job!r}")
-            committed = sorted(s for s, v in self.jobs[job].items() if v.committed)
+            committed = sorted(s for s, slot in self.jobs[job].items() if slot.readable())
             kept = committed[-keep:]
             floor = kept[0] if kept else -1
             doomed = [s for s in self.jobs[job] if s < floor or (s in committed and s not in kept)]
@@ -244,8 +436,16 @@ class Catalog:
     def close(self) -> None:
         with self.lock:
             for versions in self.jobs.values():
-                for v in versions.values():
-                    for b in v.blobs.values():
-                        b.release()
+                for slot in versions.values():
+                    for v in slot.versions():
+                        for b in v.blobs.values():
+                            b.release()
             self.jobs.clear()
             self.used = 0
+
+
+def check_save_id(value: object) -> str:
+    """A save id as a request names it: printable, URL-safe and bounded (save uses uuid4 hex)."""
+    if not isinstance(value, str) or not _SAVE_ID.fullmatch(value):
+        raise BadRequestError(f"invalid save_id {str(value)[:80]!r}: expected [A-Za-z0-9._-]{{1,128}}")
+    return value

@@ -49,3 +49,60 @@ def verify_span(
         return
     for c in range(lo // chunk, (hi - 1) // chunk + 1):
         verify_chunk(data, digests, c, what, chunk)
+
+
+def list_digest(digests: list[int]) -> int:
+    """One checksum of a blob's chunk checksums: what a writer sends so the store can refuse other bytes."""
+    return digest(memoryview(b"".join(d.to_bytes(8, "little") for d in digests)))
+
+
+# ---- a read answer's own checksums: the receiver verifies what arrived, whatever happened on the way.
+# A part's byte stream is cut where (position + skew) % CHUNK == 0; for a contiguous box `skew` is its
+# offset in its first chunk, so every whole chunk it covers is one piece whose checksum is the stored one.
+
+
+def cuts(n: int, skew: int, chunk: int = CHUNK) -> list[tuple[int, int]]:
+    """The `[start, stop)` pieces of an `n`-byte part stream whose first piece is `skew` bytes short."""
+    out, pos = [], 0
+    while pos < n:
+        end = min(n, pos + chunk - (pos + skew) % chunk)
+        out.append((pos, end))
+        pos = end
+    return out
+
+
+def span_digests(data: memoryview, digests: list[int], lo: int, hi: int, chunk: int = CHUNK) -> list[int]:
+    """Checksums of the pieces of the contiguous stream `data[lo:hi]` (skew `lo % chunk`): the stored ones
+    for whole chunks (already verified by the caller), fresh ones for the partial chunks at either end."""
+    out = []
+    for c in range(lo // chunk, (hi - 1) // chunk + 1 if hi > lo else 0):
+        s, e = max(c * chunk, lo), min((c + 1) * chunk, hi)
+        whole = s == c * chunk and e == min((c + 1) * chunk, len(data))
+        out.append(digests[c] if whole else digest(data[s:e]))
+    return out
+
+
+class StreamDigests:
+    """Checksums of a stream fed in pieces of any size, cut every `chunk` bytes (skew 0)."""
+
+    def __init__(self, chunk: int = CHUNK) -> None:
+        self.chunk, self.digests = chunk, []
+        self._h, self._fill = xxhash.xxh3_64(), 0
+
+    def update(self, data: memoryview) -> None:
+        pos = 0
+        while pos < len(data):
+            k = min(len(data) - pos, self.chunk - self._fill)
+            self._h.update(data[pos : pos + k])
+            pos, self._fill = pos + k, self._fill + k
+            if self._fill == self.chunk:
+                self.digests.append(self._h.intdigest())
+                self._h.reset()
+                self._fill = 0
+
+    def finish(self) -> list[int]:
+        if self._fill:
+            self.digests.append(self._h.intdigest())
+            self._h.reset()
+            self._fill = 0
+        return self.digests

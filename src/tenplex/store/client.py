@@ -16,7 +16,7 @@ import numpy as np
 
 from ..ptc import Box
 from .boxio import as_bytes, copy_box
-from .checksum import CHUNK, chunk_digests, chunks, digest
+from .checksum import CHUNK, chunk_digests, chunks, digest, list_digest
 from .dataset_client import DatasetClient
 from .errors import BadRequestError, ChecksumError, ConflictError, NotFoundError, StoreError
 from .keys import (
@@ -30,6 +30,7 @@ from .keys import (
     check_step,
     dtype_name_of,
 )
+from .protocol import Conn
 from .shm import map_file
 from .transport import DEFAULT_PORT, DEFAULT_URL, into
 
@@ -59,6 +60,10 @@ class StoreClient(DatasetClient):
 
     def _bpath(self, job: str, step: int, name: str) -> str:
         return f"{self._vpath(job, step)}/blobs/{quote(check_name(name), safe='')}"
+
+    @staticmethod
+    def _save_q(save_id: str | None, sep: str = "?") -> str:
+        return "" if save_id is None else f"{sep}save_id={quote(save_id, safe='')}"
 
     # ------------------------------------------------------------------ control
 
@@ -90,8 +95,13 @@ class StoreClient(DatasetClient):
         steps = self.versions(job)
         return steps[-1] if steps else None
 
-    def create_version(self, job: str, step: int) -> None:
-        self.request("POST", self._vpath(job, step))
+    def create_version(
+        self, job: str, step: int, save_id: str | None = None, replica_of: str | None = None
+    ) -> dict[str, Any]:
+        """Open version `step` for the save `save_id` (an open version of another save, an abandoned
+        attempt, is replaced); `replica_of`: a copy of that store's save (replication)."""
+        payload = {k: v for k, v in (("save_id", save_id), ("replica_of", replica_of)) if v is not None}
+        return self.request("POST", self._vpath(job, step), payload or None)
 
     def commit(
         self,
@@ -101,24 +111,36 @@ class StoreClient(DatasetClient):
         wait_replicas: bool = False,
         replica_of: str | None = None,
         blobs: list[str] | None = None,
+        save_id: str | None = None,
     ) -> dict[str, Any]:
         """Make version `step` visible with its manifest, atomically; idempotent. With replication on,
-        `wait_replicas=True` returns only after the copies are on the peers. `blobs`: the names that make
-        the version (each must be sealed); others, left by an abandoned attempt, are dropped."""
-        payload = {"manifest": manifest, "wait_replicas": wait_replicas, "replica_of": replica_of}
+        `wait_replicas=True` returns only after the copies are on the peers (asked in rounds shorter than
+        the client's timeout, so a long push is never mistaken for a dead store and the commit retried).
+        `blobs`: the names that make the version (each must be sealed); others, left by an abandoned
+        attempt, are dropped. `save_id` (default: the manifest's) must be the one the version was opened
+        for."""
+        wait = max(1.0, self.timeout / 4) if wait_replicas else False
+        payload: dict[str, Any] = {"manifest": manifest, "wait_replicas": wait, "replica_of": replica_of}
         if blobs is not None:
             payload["blobs"] = blobs
-        return self.request("POST", f"{self._vpath(job, step)}/commit", payload)
+        if save_id is not None:
+            payload["save_id"] = save_id
+        info = self.request("POST", f"{self._vpath(job, step)}/commit", payload)
+        while wait and info.get("replication") == "pending":  # committed; the copies are still on the way
+            info = self.request("POST", f"{self._vpath(job, step)}/commit", payload)
+        return info
 
-    def manifest(self, job: str, step: int) -> Any:
-        return self.request("GET", f"{self._vpath(job, step)}/manifest")["manifest"]
+    def manifest(self, job: str, step: int, save_id: str | None = None) -> Any:
+        path = f"{self._vpath(job, step)}/manifest{self._save_q(save_id)}"
+        return self.request("GET", path)["manifest"]
 
-    def blobs(self, job: str, step: int) -> list[dict[str, Any]]:
-        """Blobs of a committed version: name, dtype, shape, nbytes, copies (URLs of stores holding it)."""
-        return self.request("GET", f"{self._vpath(job, step)}/blobs")["blobs"]
+    def blobs(self, job: str, step: int, save_id: str | None = None) -> list[dict[str, Any]]:
+        """Blobs of a committed version (of the save `save_id`, default the one the store shows): name,
+        dtype, shape, nbytes, copies (URLs of stores holding it)."""
+        return self.request("GET", f"{self._vpath(job, step)}/blobs{self._save_q(save_id)}")["blobs"]
 
-    def blob_info(self, job: str, step: int, name: str) -> dict[str, Any]:
-        return self.request("GET", self._bpath(job, step, name))
+    def blob_info(self, job: str, step: int, name: str, save_id: str | None = None) -> dict[str, Any]:
+        return self.request("GET", self._bpath(job, step, name) + self._save_q(save_id))
 
     def delete_version(self, job: str, step: int) -> None:
         self.request("DELETE", self._vpath(job, step))
@@ -136,13 +158,21 @@ class StoreClient(DatasetClient):
 
     # ------------------------------------------------------------------ writing
 
-    def write_blob(self, job: str, step: int, name: str, array: np.ndarray, dtype: str | None = None) -> None:
-        """Store `array` (C order) as blob `name` of the uncommitted version `step`; `dtype` names the
-        tenplex dtype when numpy has none (bfloat16 passed as a 2-byte integer array)."""
+    def write_blob(
+        self,
+        job: str,
+        step: int,
+        name: str,
+        array: np.ndarray,
+        dtype: str | None = None,
+        save_id: str | None = None,
+    ) -> None:
+        """Store `array` (C order) as blob `name` of the uncommitted version `step` (of the save `save_id`);
+        `dtype` names the tenplex dtype when numpy has none (bfloat16 passed as a 2-byte integer array)."""
         dt = dtype_name_of(array, dtype)
         src = array if array.flags.c_contiguous else array.copy(order="C")
         if self.is_local:
-            dst = self.allocate_blob(job, step, name, dt, src.shape)
+            dst = self.allocate_blob(job, step, name, dt, src.shape, save_id)
             flat_src, flat_dst = as_bytes(src), as_bytes(dst)
             digests = []
             for i in range(0, len(flat_src), CHUNK):  # copy and hash chunk by chunk while it is in cache
@@ -151,7 +181,7 @@ class StoreClient(DatasetClient):
             self._seal(job, step, name, digests)
             return
         pieces = chunks(as_bytes(src))
-        self.put_raw(job, step, name, dt, src.shape, pieces, [digest(p) for p in pieces])
+        self.put_raw(job, step, name, dt, src.shape, pieces, [digest(p) for p in pieces], save_id=save_id)
 
     def put_raw(
         self,
@@ -163,22 +193,28 @@ class StoreClient(DatasetClient):
         pieces: Sequence[memoryview],
         digests: list[int],
         replica_of: str | None = None,
+        save_id: str | None = None,
     ) -> None:
-        """Network write of raw C-order bytes in CHUNK-sized pieces; the daemon must hash them as we did.
-        `replica_of`: the store this blob is a copy of (replication)."""
+        """Network write of raw C-order bytes in CHUNK-sized pieces; the daemon refuses them unless it
+        hashed them as we did. `replica_of`: the store this blob is a copy of (replication)."""
         shape_q = ",".join(str(s) for s in shape)
         path = f"{self._bpath(job, step, name)}?dtype={check_dtype(dtype)}&shape={shape_q}"
+        path += f"&digest={list_digest(digests):016x}" + self._save_q(save_id, "&")
         if replica_of is not None:
             path += f"&replica_of={quote(replica_of, safe='')}"
         theirs = self.request("PUT", path, body=pieces)["digests"]
         if theirs != digests:
             raise ChecksumError(f"blob {name!r} arrived at {self.url} with different bytes than were sent")
 
-    def allocate_blob(self, job: str, step: int, name: str, dtype: str, shape: Sequence[int]) -> np.ndarray:
+    def allocate_blob(
+        self, job: str, step: int, name: str, dtype: str, shape: Sequence[int], save_id: str | None = None
+    ) -> np.ndarray:
         """Same host only: a writable array mapped on the blob's shared memory; fill it, then `seal_blob`."""
         if not self.is_local:
             raise ConflictError(f"allocate_blob needs a store on this host; {self.url} is remote")
-        payload = {"dtype": check_dtype(dtype), "shape": list(check_shape(tuple(shape)))}
+        payload: dict[str, Any] = {"dtype": check_dtype(dtype), "shape": list(check_shape(tuple(shape)))}
+        if save_id is not None:
+            payload["save_id"] = save_id
         info = self.request("POST", f"{self._bpath(job, step, name)}/allocate", payload)
         mem = self._map(info, writable=True)
         arr = np.frombuffer(mem, dtype=NUMPY_DTYPE[dtype]).reshape(tuple(shape))
@@ -201,12 +237,18 @@ class StoreClient(DatasetClient):
 
     # ------------------------------------------------------------------ reading
 
-    def read_box(self, job: str, step: int, name: str, box: Box, out: np.ndarray) -> None:
+    def read_box(
+        self, job: str, step: int, name: str, box: Box, out: np.ndarray, save_id: str | None = None
+    ) -> None:
         """Copy `box` of a committed blob into `out` (C-contiguous, shape == box.shape)."""
-        self.read_boxes(job, step, [(name, box, out)])
+        self.read_boxes(job, step, [(name, box, out)], save_id)
 
-    def read_boxes(self, job: str, step: int, requests: Sequence[BoxRequest]) -> None:
-        """Many boxes of one version in one request (same host: one lookup, then memory copies)."""
+    def read_boxes(
+        self, job: str, step: int, requests: Sequence[BoxRequest], save_id: str | None = None
+    ) -> None:
+        """Many boxes of one version in one request (same host: one lookup, then memory copies). With
+        `save_id`, only that save's blobs are read (NotFoundError if the store holds another one). On an
+        error the contents of the `out` arrays are undefined."""
         for name, box, out in requests:
             check_name(name)
             if not isinstance(out, np.ndarray) or tuple(out.shape) != box.shape:
@@ -215,13 +257,27 @@ class StoreClient(DatasetClient):
             return
         if self.is_local:
             names = sorted({r[0] for r in requests})
-            infos = self.request("POST", f"{self._vpath(job, step)}/locate", {"names": names})["blobs"]
-            by_name = dict(zip(names, infos))
-            for name, box, out in requests:
-                self._copy_local(by_name[name], box, out, f"{job}@{step}/{name}")
+            pin: list[Conn] = []  # the blobs stay held by the daemon while we copy from their files
+            ask = {"names": names, "save_id": save_id}
+            found = self.request("POST", f"{self._vpath(job, step)}/locate", ask, hold=pin)
+            try:
+                by_name = dict(zip(names, found["blobs"]))
+                for name, box, out in requests:
+                    self._copy_local(by_name[name], box, out, f"{job}@{step}/{name}")
+            finally:
+                self._unlease(found["lease"], pin)
             return
-        payload = {"boxes": [{"name": n, "box": b.to_json()} for n, b, _ in requests]}
+        payload = {"boxes": [{"name": n, "box": b.to_json()} for n, b, _ in requests], "save_id": save_id}
         self.request("POST", f"{self._vpath(job, step)}/read", payload, reader=into([r[2] for r in requests]))
+
+    def _unlease(self, lease: int, pin: list[Conn]) -> None:
+        """End a lease on the connection that holds it; if that fails the connection is closed, which
+        ends the lease too."""
+        for conn in pin:
+            try:
+                self.request("POST", "/v1/release", {"lease": lease}, conn=conn)
+            except StoreError:
+                pass
 
     def _copy_local(self, info: dict[str, Any], box: Box, out: np.ndarray, what: str) -> None:
         check_inside(box, tuple(info["shape"]))
@@ -237,7 +293,14 @@ class StoreClient(DatasetClient):
         return memoryview(mem)
 
     def fetch_remote(
-        self, peer_url: str, job: str, step: int, name: str, box: Box | None, out: np.ndarray
+        self,
+        peer_url: str,
+        job: str,
+        step: int,
+        name: str,
+        box: Box | None,
+        out: np.ndarray,
+        save_id: str | None = None,
     ) -> None:
         """Relay: have *this* client's store fetch `box` (None: the whole blob) of a blob held by the store at
         `peer_url` once, cache it, and serve it from there — so ranks of one host that need the same remote
@@ -245,15 +308,19 @@ class StoreClient(DatasetClient):
         (job, step) is deleted or `drop_relay(job, step)` is called."""
         payload = {
             "peer": peer_url, "job": check_job(job), "step": check_step(step), "name": check_name(name),
-            "box": None if box is None else box.to_json(), "local": self.is_local,
+            "box": None if box is None else box.to_json(), "local": self.is_local, "save_id": save_id,
         }  # fmt: skip
         if box is not None and tuple(out.shape) != box.shape:
             raise BadRequestError(f"out must have the box's shape {list(box.shape)}")
         if self.is_local:
-            info = self.request("POST", "/v1/relay", payload)
-            self._copy_local(
-                info, Box.full(tuple(info["shape"])), out, f"relay {peer_url} {job}@{step}/{name}"
-            )
+            pin: list[Conn] = []
+            info = self.request("POST", "/v1/relay", payload, hold=pin)
+            try:
+                self._copy_local(
+                    info, Box.full(tuple(info["shape"])), out, f"relay {peer_url} {job}@{step}/{name}"
+                )
+            finally:
+                self._unlease(info["lease"], pin)
         else:
             self.request("POST", "/v1/relay", payload, reader=into([out]))
 
@@ -264,7 +331,9 @@ class StoreClient(DatasetClient):
 
 
 def read_many(
-    requests: Iterable[tuple[StoreClient, str, int, str, Box, np.ndarray]], concurrency: int = 8
+    requests: Iterable[tuple[StoreClient, str, int, str, Box, np.ndarray]],
+    concurrency: int = 8,
+    save_id: str | None = None,
 ) -> None:
     """Read boxes from many stores in parallel into the callers' arrays.
 
@@ -288,7 +357,7 @@ def read_many(
     if not work:
         return
     with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(work)))) as pool:
-        futures = [pool.submit(c.read_boxes, job, step, g) for c, job, step, g in work]
+        futures = [pool.submit(c.read_boxes, job, step, g, save_id) for c, job, step, g in work]
         errors = [f.exception() for f in futures]
     for e in errors:
         if e is not None:

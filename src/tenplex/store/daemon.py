@@ -8,6 +8,8 @@ Blob bodies are raw C-order bytes received straight into shared memory and sent 
 from __future__ import annotations
 
 import socket
+import struct
+from typing import Any
 
 import numpy as np
 
@@ -15,7 +17,7 @@ from ..ptc import Box
 from ..util import logs
 from .boxio import SCRATCH, blob_array, pieces
 from .catalog import Blob, Catalog
-from .checksum import CHUNK, byte_span, digest, verify_span
+from .checksum import CHUNK, StreamDigests, byte_span, cuts, digest, span_digests, verify_span
 from .client import StoreClient
 from .datasets import Registry
 from .errors import BadRequestError, StoreError
@@ -68,20 +70,38 @@ class Daemon(Server):
         self.relay.close()
         self.arena.close()
 
+    def end_leases(self, leases: dict[int, list[Any]]) -> None:
+        for held in leases.values():
+            self.catalog.release(held)
+
     def send_parts(self, req: Request, parts: list[tuple[Blob, Box]], what: str) -> None:
-        """Verify every touched chunk first (so corruption is a clean JSON error), then stream the boxes."""
+        """Verify every touched chunk first (so corruption is a clean JSON error), then stream the boxes,
+        then the checksums of what was sent (a trailer the receiver verifies its bytes against). The
+        blobs must be held (`Catalog.hold`) by the caller, so their files cannot be reused meanwhile."""
+        described, contiguous = [], []
         for blob, box in parts:
             lo, hi = byte_span(box, blob.shape, blob.itemsize)
             verify_span(memoryview(blob.mem), blob.digests, lo, hi, f"{what} {blob.name!r}")
-        sizes = [box.volume * blob.itemsize for blob, box in parts]
-        meta = json_body({"parts": [{"dtype": b.dtype, "nbytes": n} for (b, _), n in zip(parts, sizes)]})
-        total = PREAMBLE.size + len(meta) + sum(sizes)
+            view = blob_array(memoryview(blob.mem), blob.dtype, blob.shape)[box.slices()]
+            flat = view.flags.c_contiguous
+            n = box.volume * blob.itemsize
+            contiguous.append(span_digests(memoryview(blob.mem), blob.digests, lo, hi) if flat else None)
+            described.append({"dtype": blob.dtype, "nbytes": n, "skew": lo % CHUNK if flat else 0})
+        count = sum(len(cuts(p["nbytes"], p["skew"])) for p in described)
+        meta = json_body({"parts": described, "digests": count})
+        total = PREAMBLE.size + len(meta) + sum(p["nbytes"] for p in described) + 8 * count
         head = PREAMBLE.pack(len(meta)) + meta
         req.conn.send_head("HTTP/1.1 200 OK", headers_for(total, "application/octet-stream"), head)
-        for blob, box in parts:
+        sent: list[int] = []
+        for (blob, box), known in zip(parts, contiguous):
             view = blob_array(memoryview(blob.mem), blob.dtype, blob.shape)[box.slices()]
+            stream = StreamDigests() if known is None else None
             for piece in pieces(view, scratch(req)):
+                if stream is not None:
+                    stream.update(piece)
                 req.conn.send(piece)
+            sent.extend(known if stream is None else stream.finish())
+        req.conn.send(struct.pack(f"<{len(sent)}Q", *sent))
         self.count("bytes_out", total)
 
     def receive_blob(self, req: Request, name: str, dtype: str, shape: tuple[int, ...]) -> Blob:

@@ -46,9 +46,12 @@ class StoreProcess:
         return self.proc.returncode
 
     def kill(self) -> None:
-        """SIGKILL: what a host failure looks like to the other stores."""
+        """SIGKILL: what a host failure looks like to the other stores; its shared memory is removed here
+        (a killed daemon cannot, and nothing may read it any more)."""
         self.proc.kill()
         self.proc.wait()
+        if self.shm_dir:
+            shutil.rmtree(self.shm_dir, ignore_errors=True)
 
     def __enter__(self) -> StoreProcess:
         return self

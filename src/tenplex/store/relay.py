@@ -3,6 +3,8 @@
 Without it, every rank of a host that needs the same remote bytes pulls them across the network itself.
 Concurrent requests for the same piece wait for the first fetch (single flight). Cached pieces count
 against the memory limit and stay until the local version (job, step) is deleted or dropped explicitly.
+A piece is keyed by the save it was read from (`save_id`): a request for one save is never answered with
+another's bytes; the fetch itself is a checked network read (trailer checksums) of that save.
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ from collections.abc import Callable
 from typing import Any
 
 from .boxio import blob_array
-from .catalog import Blob, Catalog
+from .catalog import Blob, Catalog, check_save_id
 from .checksum import chunk_digests
 from .client import StoreClient
 from .keys import check_box, check_job, check_name, check_step
 
-Key = tuple[str, str, int, str, str]
+Key = tuple[str, str, int, str, str, str | None]
 
 
 class RelayCache:
@@ -35,8 +37,9 @@ class RelayCache:
         """The cached piece named by a relay request body, fetching it first if needed."""
         peer, job = str(body.get("peer")), check_job(body.get("job"))
         step, name = check_step(body.get("step")), check_name(body.get("name"))
-        box = body.get("box")
-        key = (peer, job, step, name, json.dumps(box))
+        box, save_id = body.get("box"), body.get("save_id")
+        save_id = None if save_id is None else check_save_id(save_id)
+        key = (peer, job, step, name, json.dumps(box), save_id)
         while True:
             with self._lock:
                 blob = self.blobs.get(key)
@@ -50,7 +53,7 @@ class RelayCache:
                 event.wait(600)
                 continue
             try:
-                blob = self._fetch(peer, job, step, name, box)
+                blob = self._fetch(peer, job, step, name, box, save_id)
                 with self._lock:
                     self.blobs[key] = blob
                 return blob
@@ -66,13 +69,14 @@ class RelayCache:
                 c = self._clients[peer] = self.connect(peer)
             return c
 
-    def _fetch(self, peer: str, job: str, step: int, name: str, box: Any) -> Blob:
+    def _fetch(self, peer: str, job: str, step: int, name: str, box: Any, save_id: str | None) -> Blob:
         c = self._client(peer)
-        info = c.blob_info(job, step, name)
+        info = c.blob_info(job, step, name, save_id)
         b = check_box(box, tuple(info["shape"]))
         blob = self.catalog.new_blob(f"relay {peer} {job}@{step}/{name}", info["dtype"], b.shape)
         try:
-            c.read_box(job, step, name, b, blob_array(memoryview(blob.mem), blob.dtype, blob.shape))
+            out = blob_array(memoryview(blob.mem), blob.dtype, blob.shape)
+            c.read_box(job, step, name, b, out, save_id)
         except BaseException:
             self.catalog.drop(blob)
             raise

@@ -1,14 +1,18 @@
 """Replication: after a commit, push the version's blobs to the next R stores of the peer ring.
 
 The push uses the network path (peers are other hosts), sends blob bytes straight from shared memory, and
-checks that each peer computed the same chunk checksums. The blob listing records every store that holds a
-copy, so the state of a lost host can still be found.
+each peer refuses a blob whose chunk checksums differ from the sender's. A copy lives on the peer under
+(this store, save id), apart from the peer's own blobs; pushes of one (job, step) run one after another (a
+newer save's push cancels and follows the older one), so a peer never ends with an older save's copy. The
+blobs are held while they are sent, so deleting the version meanwhile cannot hand their files to another
+blob. The blob listing records every store that holds a copy, so the state of a lost host can be found.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from ..util import logs
 from .catalog import Catalog, Version
@@ -29,6 +33,17 @@ def ring_targets(me: str, peers: list[str], replicas: int) -> list[str]:
     return ring[:replicas]
 
 
+@dataclass(eq=False)
+class _Push:
+    job: str
+    step: int
+    v: Version
+    targets: list[str]
+    before: _Push | None  # the push of an older save of the same step: this one waits for it
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+
 class Replicator:
     """Pushes committed versions of `catalog` (this store, `url`) to its ring targets, with clients made by
     `connect(peer_url)`."""
@@ -43,7 +58,7 @@ class Replicator:
     ) -> None:
         self.catalog, self.url, self.connect = catalog, url, connect
         self.configure(peers, replicas)
-        self._threads: dict[tuple[str, int], threading.Thread] = {}
+        self._pushes: dict[tuple[str, int], _Push] = {}  # the newest push of each (job, step)
         self._lock = threading.Lock()
 
     def configure(self, peers: list[str], replicas: int) -> None:
@@ -56,38 +71,76 @@ class Replicator:
         if not self.targets:
             return
         v.replication = "pending"
-        t = threading.Thread(target=self._push, args=(job, step, v, list(self.targets)), daemon=True)
         with self._lock:
-            self._threads[(job, step)] = t
-        t.start()
+            before = self._pushes.get((job, step))
+            push = _Push(job, step, v, list(self.targets), before)
+            self._pushes[(job, step)] = push
+        if before is not None:
+            before.cancelled.set()  # a newer save of the step replaces it: its copies would be stale
+        push.thread = threading.Thread(target=self._run, args=(push,), daemon=True)
+        push.thread.start()
 
     def wait(self, job: str, step: int, timeout: float | None = None) -> None:
+        """Until the newest push of (job, step) ended (it follows every older one), or `timeout`."""
         with self._lock:
-            t = self._threads.get((job, step))
-        if t is not None:
-            t.join(timeout)
+            push = self._pushes.get((job, step))
+        if push is not None and push.thread is not None:
+            push.thread.join(timeout)
 
-    def _push(self, job: str, step: int, v: Version, targets: list[str]) -> None:
+    def cancel(self, job: str, step: int) -> None:
+        """The version was deleted: stop pushing it (a push under way ends after its current blob)."""
+        with self._lock:
+            push = self._pushes.get((job, step))
+        while push is not None:
+            push.cancelled.set()
+            push = push.before
+
+    def _run(self, push: _Push) -> None:
+        if push.before is not None and push.before.thread is not None:
+            push.before.thread.join()
+        push.before = None
+        v = push.v
+        held = self.catalog.hold_version(v)
+        own = held or []
         try:
-            for peer in targets:
-                c = self.connect(peer)
-                try:
-                    c.create_version(job, step)
-                    own = [b for b in list(v.blobs.values()) if b.origin is None]  # not copies of a peer's
-                    me = self.url
-                    for b in own:
-                        pieces = chunks(memoryview(b.mem))
-                        c.put_raw(job, step, b.name, b.dtype, b.shape, pieces, b.digests, replica_of=me)
-                    c.commit(job, step, v.manifest, replica_of=self.url)
-                finally:
-                    c.close()
-                with self.catalog.lock:
-                    for blob in own:
-                        blob.copies.append(peer)
+            if held is None:
+                raise _Cancelled
+            self._push(push, own)
             v.replication = "done"
+        except _Cancelled:
+            v.replication = "cancelled: the version was deleted or saved again"
         except (StoreError, OSError, ValueError) as e:
             v.replication = f"failed: {e}"
-            log.warning("replication of %s@%d failed: %s", job, step, e)
+            log.warning("replication of %s@%d failed: %s", push.job, push.step, e)
         finally:
+            self.catalog.release(own)
             with self._lock:
-                self._threads.pop((job, step), None)
+                if self._pushes.get((push.job, push.step)) is push:
+                    del self._pushes[(push.job, push.step)]
+
+    def _push(self, push: _Push, own: list) -> None:
+        job, step, v, me = push.job, push.step, push.v, self.url
+        for peer in push.targets:
+            c = self.connect(peer)
+            try:
+                c.create_version(job, step, save_id=v.save_id, replica_of=me)
+                for b in own:
+                    if push.cancelled.is_set():
+                        raise _Cancelled
+                    pieces = chunks(memoryview(b.mem))
+                    c.put_raw(job, step, b.name, b.dtype, b.shape, pieces, b.digests, replica_of=me,
+                              save_id=v.save_id)  # fmt: skip
+                if push.cancelled.is_set():
+                    raise _Cancelled
+                info = c.commit(job, step, v.manifest, replica_of=me, save_id=v.save_id)
+            finally:
+                c.close()
+            if not info.get("committed") or info.get("save_id") != v.save_id:
+                raise StoreError(f"{peer} did not commit the copy of save {v.save_id}: {info}")
+            with self.catalog.lock:
+                for blob in own:
+                    blob.copies.append(peer)
+
+
+class _Cancelled(Exception):
+    pass

@@ -10,11 +10,11 @@ import os
 from typing import Any
 
 from ..ptc import Box
-from .catalog import Blob
-from .checksum import CHUNK, chunk_digests
+from .catalog import ANY, Blob, check_save_id
+from .checksum import CHUNK, chunk_digests, list_digest
 from .daemon import Daemon
 from .dataset_routes import DATASET_ROUTES
-from .errors import BadRequestError, NotFoundError, TooLargeError
+from .errors import BadRequestError, ChecksumError, NotFoundError, TooLargeError
 from .keys import check_box, check_dtype, check_job, check_name, check_shape, check_step
 from .server import Request, RouteTable
 from .shm import host_id
@@ -47,14 +47,9 @@ def _openapi(d: Daemon, req: Request) -> dict[str, Any]:
 @route("GET", r"/v1/stats")
 def _stats(d: Daemon, req: Request) -> dict[str, Any]:
     """Memory, jobs, versions, blobs, datasets, requests, errors, bytes in and out, connections, RSS."""
-    c = d.catalog
-    with c.lock:
-        versions = [v for vs in c.jobs.values() for v in vs.values()]
-        out = {"memory_used": c.used, "memory_limit": c.limit, "memory_pooled": d.arena.pooled,
-               "memory_reserved": d.arena.reserve.left,
-               "jobs": len(c.jobs), "versions": len(versions),
-               "committed": sum(v.committed for v in versions), "blobs": sum(len(v.blobs) for v in versions),
-               "relay_blobs": len(d.relay.blobs), "datasets": len(d.datasets.items)}  # fmt: skip
+    out: dict[str, Any] = d.catalog.stats()
+    out.update(memory_pooled=d.arena.pooled, memory_reserved=d.arena.reserve.left,
+               relay_blobs=len(d.relay.blobs), datasets=len(d.datasets.items))  # fmt: skip
     out.update(d.connection_stats())
     out["rss"] = _rss()
     return out
@@ -71,11 +66,7 @@ def _jobs(d: Daemon, req: Request) -> dict[str, Any]:
 def _job(d: Daemon, req: Request) -> dict[str, Any]:
     """One job's versions."""
     job = req.job()
-    with d.catalog.lock:
-        versions = d.catalog.jobs.get(job)
-        if versions is None:
-            raise NotFoundError(f"unknown job {job!r}")
-        return {"job": job, "versions": [versions[s].info() for s in sorted(versions)]}
+    return {"job": job, "versions": d.catalog.listing(job)}
 
 
 @route("DELETE", r"/v1/jobs/(?P<job>[^/]+)")
@@ -103,8 +94,9 @@ def _retain(d: Daemon, req: Request) -> dict[str, Any]:
 
 @route("POST", _V)
 def _create(d: Daemon, req: Request) -> dict[str, Any]:
-    """Create an uncommitted version (idempotent)."""
-    v = d.catalog.create_version(req.job(), req.step())
+    """Create an uncommitted version for a save (idempotent); a peer's copy with `replica_of`."""
+    job, step, body = req.job(), req.step(), req.json()
+    v = d.catalog.create_version(job, step, _save_id(body.get("save_id")), _origin(body.get("replica_of")))
     return v.info()
 
 
@@ -112,6 +104,7 @@ def _create(d: Daemon, req: Request) -> dict[str, Any]:
 def _delete(d: Daemon, req: Request) -> dict[str, Any]:
     """Delete a version."""
     job, step = req.job(), req.step()
+    d.replicator.cancel(job, step)
     dropped = d.relay.drop(job, step)
     try:
         d.catalog.delete_version(job, step)
@@ -125,47 +118,48 @@ def _delete(d: Daemon, req: Request) -> dict[str, Any]:
 def _commit(d: Daemon, req: Request) -> dict[str, Any]:
     """Commit a version with its manifest, atomically (optionally naming the blobs that make it)."""
     job, step, body = req.job(), req.step(), req.json()
-    replica_of = body.get("replica_of")
-    if replica_of is not None and not isinstance(replica_of, str):
-        raise BadRequestError("replica_of must be a URL")
+    replica_of, save_id = _origin(body.get("replica_of")), _save_id(body.get("save_id"))
+    wait = body.get("wait_replicas")
+    if not (wait is None or isinstance(wait, bool) or (type(wait) in (int, float) and 0 <= wait <= 3600)):
+        raise BadRequestError("wait_replicas must be a boolean or seconds (0..3600)")
     blobs = body.get("blobs")
     if blobs is not None:
         if not isinstance(blobs, list) or len(blobs) > MAX_BLOBS_PER_COMMIT:
             raise BadRequestError(f"blobs must be a list of at most {MAX_BLOBS_PER_COMMIT} names")
         blobs = [check_name(n) for n in blobs]
-    v, new = d.catalog.commit(job, step, body.get("manifest"), replica_of, blobs)
-    if new:
+    v, new = d.catalog.commit(job, step, body.get("manifest"), replica_of, blobs, save_id)
+    if new and replica_of is None:
         with d.catalog.lock:
             for b in v.blobs.values():
-                if b.origin is None:  # a replica's copies were set when it arrived
-                    b.copies = [d.url]
-    if new and replica_of is None:
+                b.copies = [d.url]
         d.replicator.start(job, step, v)
-    if body.get("wait_replicas"):
-        d.replicator.wait(job, step)
+    if wait and replica_of is None:  # bounded: a client asks again rather than time out (and retry)
+        d.replicator.wait(job, step, None if wait is True else float(wait))
     return v.info()
 
 
 @route("GET", _V + r"/manifest")
 def _manifest(d: Daemon, req: Request) -> dict[str, Any]:
-    """The manifest of a committed version."""
-    with d.catalog.lock:
-        v = d.catalog.version(req.job(), req.step(), committed=True)
-        return {"manifest": v.manifest, "replica_of": v.replica_of}
+    """The manifest of a committed version (of the save `?save_id=`, default the one shown)."""
+    v = d.catalog.readable(req.job(), req.step(), _query_save(req))[0]
+    return {"manifest": v.manifest, "replica_of": v.replica_of, "save_id": v.save_id}
 
 
 @route("GET", _V + r"/blobs")
 def _blobs(d: Daemon, req: Request) -> dict[str, Any]:
-    """The blobs of a committed version: name, dtype, shape, size, copies."""
+    """The blobs of a committed version (of the save `?save_id=`): name, dtype, shape, size, copies."""
     with d.catalog.lock:
-        v = d.catalog.version(req.job(), req.step(), committed=True)
-        return {"blobs": [v.blobs[n].info() for n in sorted(v.blobs)]}
+        found: dict[str, Blob] = {}
+        for v in d.catalog.readable(req.job(), req.step(), _query_save(req)):
+            for n, b in v.blobs.items():
+                found.setdefault(n, b)  # own blobs first
+        return {"blobs": [found[n].info() for n in sorted(found)]}
 
 
 @route("GET", _V + r"/blobs/(?P<name>[^/]+)")
 def _blob(d: Daemon, req: Request) -> dict[str, Any]:
-    """One blob's metadata."""
-    return d.catalog.blob(req.job(), req.step(), req.name()).info()
+    """One blob's metadata (of the save `?save_id=`)."""
+    return d.catalog.blob(req.job(), req.step(), req.name(), _query_save(req)).info()
 
 
 @route("PUT", _V + r"/blobs/(?P<name>[^/]+)")
@@ -178,13 +172,18 @@ def _put(d: Daemon, req: Request) -> dict[str, Any]:
         shape = check_shape(tuple(int(x) for x in raw.split(",")) if raw else ())
     except (KeyError, ValueError):
         raise BadRequestError("PUT needs ?dtype=NAME&shape=D0,D1,... (empty shape for a scalar)") from None
-    origin = req.query.get("replica_of", [None])[0]  # a peer's copy (replication)
-    if origin is None:
-        d.catalog.writable(job, step)
+    origin = _origin(req.query.get("replica_of", [None])[0])  # a peer's copy (replication)
+    expected = req.query.get("digest", [None])[0]  # of the chunk digests: the sender's bytes
+    if origin is not None and expected is None:
+        raise BadRequestError("a replica PUT needs ?digest= (its sender's checksum list digest)")
+    v = d.catalog.writable(job, step, _query_save(req, None), origin)
     blob = d.receive_blob(req, name, dtype, shape)
+    if expected is not None and expected != f"{list_digest(blob.digests):016x}":
+        d.catalog.drop(blob)  # a copy that differs from what was sent is never inserted, never served
+        raise ChecksumError(f"blob {name!r} arrived with other bytes than its sender checksummed")
     if origin is not None:
         blob.origin, blob.copies = origin, [origin, d.url]
-    d.catalog.put(job, step, blob)
+    d.catalog.put(v, blob)
     return {"name": name, "nbytes": blob.nbytes, "digests": blob.digests}
 
 
@@ -193,9 +192,10 @@ def _allocate(d: Daemon, req: Request) -> dict[str, Any]:
     """Allocate a blob in shared memory for a writer on this host."""
     job, step, name, body = req.job(), req.step(), req.name(), req.json()
     dtype, shape = check_dtype(body.get("dtype")), check_shape(body.get("shape"))
-    d.catalog.writable(job, step)
+    v = d.catalog.writable(job, step, _save_id(body.get("save_id")))
     blob = d.catalog.new_blob(name, dtype, shape)
-    d.catalog.put(job, step, blob)
+    blob.mapped = True  # the writer maps it: dropped unsealed, its file is unlinked, never pooled
+    d.catalog.put(v, blob)
     return {"path": blob.path, "nbytes": blob.nbytes}
 
 
@@ -217,43 +217,68 @@ def _seal(d: Daemon, req: Request) -> dict[str, Any]:
 
 
 def _boxes(d: Daemon, job: str, step: int, body: dict[str, Any]) -> list[tuple[Blob, Box]]:
+    """The (blob, box) pairs of a read, the blobs held (`release` them once served)."""
     items = body.get("boxes")
     if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
         raise BadRequestError('expected {"boxes": [{"name": ..., "box": [[start, stop], ...]}, ...]}')
     if len(items) > MAX_BOXES:
         raise TooLargeError(f"{len(items)} boxes in one request; at most {MAX_BOXES}")
-    out = []
-    for item in items:
-        blob = d.catalog.blob(job, step, check_name(item.get("name")))
-        out.append((blob, check_box(item.get("box"), blob.shape)))
-    return out
+    names = [check_name(item.get("name")) for item in items]
+    blobs = d.catalog.hold_blobs(job, step, names, _save_id(body.get("save_id"), ANY))
+    try:
+        return [(b, check_box(item.get("box"), b.shape)) for b, item in zip(blobs, items)]
+    except BaseException:
+        d.catalog.release(blobs)
+        raise
 
 
 @route("POST", _V + r"/read")
 def _read(d: Daemon, req: Request) -> None:
     """Read many boxes of a version's blobs: a JSON preamble, then the raw bytes of each box."""
     job, step = req.job(), req.step()
-    d.send_parts(req, _boxes(d, job, step, req.json()), f"{job}@{step}")
+    parts = _boxes(d, job, step, req.json())
+    try:
+        d.send_parts(req, parts, f"{job}@{step}")
+    finally:
+        d.catalog.release(b for b, _ in parts)
 
 
 @route("POST", _V + r"/locate")
 def _locate(d: Daemon, req: Request) -> dict[str, Any]:
-    """Where a version's blobs live in shared memory, with their checksums (same-host readers)."""
+    """Where a version's blobs live in shared memory, with their checksums (same-host readers). The blobs
+    are held for this connection until `POST /v1/release` names the lease (or the connection closes)."""
     job, step, body = req.job(), req.step(), req.json()
     names = body.get("names")
     if not isinstance(names, list) or len(names) > MAX_BOXES:
         raise BadRequestError(f'expected {{"names": [...]}} with at most {MAX_BOXES} names')
-    return {"blobs": [d.catalog.blob(job, step, check_name(n)).info(local=True) for n in names]}
+    blobs = d.catalog.hold_blobs(
+        job, step, [check_name(n) for n in names], _save_id(body.get("save_id"), ANY)
+    )
+    return {"blobs": [b.info(local=True) for b in blobs], "lease": req.lease(blobs)}
+
+
+@route("POST", r"/v1/release")
+def _release(d: Daemon, req: Request) -> dict[str, Any]:
+    """End a lease of `locate` (or a local relay answer): its blobs' files may be reused again."""
+    lease = req.json().get("lease")
+    if type(lease) is not int:
+        raise BadRequestError('expected {"lease": N}')
+    held = req.unlease(lease)
+    d.catalog.release(held)
+    return {"released": len(held)}
 
 
 @route("POST", r"/v1/relay")
 def _relay(d: Daemon, req: Request) -> dict[str, Any] | None:
     """Fetch a box from a remote store once and serve it to this host's ranks."""
     body = req.json()
-    blob = d.relay.get(body)
+    blob = d.catalog.hold(d.relay.get(body))
     if body.get("local"):
-        return blob.info(local=True)
-    d.send_parts(req, [(blob, Box.full(blob.shape))], "relay")
+        return {**blob.info(local=True), "lease": req.lease([blob])}
+    try:
+        d.send_parts(req, [(blob, Box.full(blob.shape))], "relay")
+    finally:
+        d.catalog.release([blob])
     return None
 
 
@@ -274,6 +299,20 @@ def _peers(d: Daemon, req: Request) -> dict[str, Any]:
         raise BadRequestError('expected {"peers": [URL, ...], "replicas": R}')
     d.replicator.configure([p.rstrip("/") for p in peers], replicas)
     return {"peers": d.replicator.peers, "targets": d.replicator.targets}
+
+
+def _save_id(value: Any, default: Any = None) -> Any:
+    return default if value is None else check_save_id(value)
+
+
+def _query_save(req: Request, default: Any = ANY) -> Any:
+    return _save_id(req.query.get("save_id", [None])[0], default)
+
+
+def _origin(value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 1024):
+        raise BadRequestError("replica_of must be a store URL")
+    return value
 
 
 def _rss() -> int:

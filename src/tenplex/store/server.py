@@ -8,6 +8,7 @@ It knows nothing of blobs or versions: `Daemon` (the store's state) subclasses i
 from __future__ import annotations
 
 import hmac
+import itertools
 import re
 import socket
 import threading
@@ -39,6 +40,17 @@ class Request:
     length: int
     consumed: bool = False
     scratch: list[np.ndarray] = field(default_factory=list)  # the connection's reusable buffer
+    leases: dict[int, list[Any]] = field(default_factory=dict)  # what the connection holds, by lease id
+
+    def lease(self, items: list[Any]) -> int:
+        """Keep `items` held for this connection until `unlease` (or `Server.end_leases` at its close)."""
+        n = next(_lease_ids)
+        self.leases[n] = items
+        return n
+
+    def unlease(self, n: int) -> list[Any]:
+        """The items of lease `n` of this connection, no longer leased ([] for an unknown lease)."""
+        return self.leases.pop(n, [])
 
     def json(self) -> dict[str, Any]:
         self.consumed = True
@@ -60,6 +72,7 @@ class Request:
             raise BadRequestError("blob name is not UTF-8") from None
 
 
+_lease_ids = itertools.count(1)
 Handler = Callable[[Any, Request], Any]
 Route = tuple[str, re.Pattern[str], Handler]
 
@@ -118,12 +131,16 @@ class Server:
         with self._lock:
             return {**self.counters, "connections": len(self.conns)}
 
+    def end_leases(self, leases: dict[int, list[Any]]) -> None:
+        """A connection closed with `leases` still held (a reader that died): the store releases them."""
+
     def _connection(self, sock: socket.socket) -> None:
         sock.settimeout(IDLE_TIMEOUT)
         conn = Conn(sock)
         scratch: list[np.ndarray] = []
+        leases: dict[int, list[Any]] = {}
         try:
-            while self._one(conn, scratch):
+            while self._one(conn, scratch, leases):
                 pass
         except (OSError, Closed):
             pass
@@ -131,8 +148,10 @@ class Server:
             with self._lock:
                 self.conns.discard(sock)
             conn.close()
+            if leases:
+                self.end_leases(leases)
 
-    def _one(self, conn: Conn, scratch: list[np.ndarray]) -> bool:
+    def _one(self, conn: Conn, scratch: list[np.ndarray], leases: dict[int, list[Any]]) -> bool:
         """Serve one request; False when the connection must close."""
         try:
             start, headers = conn.read_head()
@@ -146,6 +165,7 @@ class Server:
         req: Request | None = None
         try:
             req = self._parse(conn, start, headers, scratch)
+            req.leases = leases
             handler = self._find(req, start)
             result = handler(self, req)
             if result is not None:

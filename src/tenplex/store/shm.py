@@ -9,8 +9,11 @@ File names are generated (`b00000001`), never derived from job or blob names.
 from __future__ import annotations
 
 import itertools
+import logging
 import mmap
 import os
+import re
+import shutil
 import socket
 import tempfile
 import threading
@@ -21,6 +24,8 @@ from .errors import MemoryLimitError, StoreError
 from .tmpfs import Reserve, StoreMemory, open_memory
 
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+_ARENA = re.compile(r"tenplex-(\d+)-(\d+)")  # tenplex-PORT-PID, what Arena names its directory
+log = logging.getLogger("tenplex.store")
 
 
 def shm_root() -> str:
@@ -51,16 +56,54 @@ def map_file(path: str, nbytes: int, writable: bool) -> mmap.mmap | bytearray:
         os.close(fd)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def reap(root: str | None = None) -> list[str]:
+    """Remove the blob directories of stores that died without cleaning up (SIGKILL, OOM killer): this
+    user's `tenplex-PORT-PID` directories whose PID no longer runs. Returns the directories removed."""
+    root = root or shm_root()
+    gone = []
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return gone
+    for name in names:
+        m = _ARENA.fullmatch(name)
+        path = os.path.join(root, name)
+        if m is None or int(m.group(2)) == os.getpid():
+            continue
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != os.getuid():
+            continue
+        if not _alive(int(m.group(2))):
+            shutil.rmtree(path, ignore_errors=True)
+            gone.append(path)
+    if gone:
+        log.info("removed the shared memory of %d dead stores: %s", len(gone), ", ".join(gone))
+    return gone
+
+
 class Arena:
     """The daemon's blob files: created on demand, recycled when freed, the directory removed on exit.
 
     A new tmpfs file costs page allocation (~0.3-1 GB/s here, far below a memory copy), so freed files are
     kept for a while and handed to the next blob of the same size: periodic snapshots of one job have the
-    same shapes every time, and their writes then run at memory-copy speed. A freed file is reused only
-    after GRACE seconds, so a reader that raced a delete does not see it overwritten at once.
+    same shapes every time, and their writes then run at memory-copy speed. The catalog recycles a file
+    only once no request holds its blob any more (reference counts), so a reuse can never overwrite bytes
+    that are being served.
     """
 
-    GRACE = 2.0
     TTL = 120.0  # pooled files unused this long are unlinked
 
     def __init__(
@@ -68,6 +111,7 @@ class Arena:
     ) -> None:
         """`huge`, `size`: a private huge-page tmpfs of that size (see `tmpfs`); `reserve`: bytes taken at
         start for the first blobs' pages."""
+        reap(root)  # leftovers of stores killed before they could clean up
         try:
             name = f"tenplex-{tag}-{os.getpid()}"
             self.memory: StoreMemory = open_memory(root or shm_root(), name, size, huge)
@@ -88,10 +132,9 @@ class Arena:
     def create(self, nbytes: int) -> tuple[str, mmap.mmap | bytearray]:
         """A file of `nbytes` mapped writable for the daemon: a recycled one if possible. Its content is
         undefined (like np.empty)."""
-        now = time.monotonic()
         with self._lock:
             free = self._free.get(nbytes, [])
-            if free and now - free[0][0] >= self.GRACE:
+            if free:
                 _, path, mem = free.pop(0)
                 del self._order[path]
                 self.pooled -= nbytes
@@ -145,6 +188,16 @@ class Arena:
             os.unlink(path)
         except FileNotFoundError:
             pass
+
+    def discard(self, path: str, mem: mmap.mmap | bytearray) -> None:
+        """Unlink a file instead of pooling it: a client may still write through its own mapping of it (an
+        unsealed blob of an abandoned writer), so it must never be handed to another blob."""
+        self.remove(path)
+        if isinstance(mem, mmap.mmap):
+            try:
+                mem.close()
+            except BufferError:
+                pass
 
     def capacity(self) -> int:
         """Bytes the shared-memory file system can hold in total (the ceiling of any memory limit)."""

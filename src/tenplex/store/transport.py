@@ -20,7 +20,8 @@ import numpy as np
 
 from ..ptc import ITEM_SIZE, Box
 from .boxio import as_bytes
-from .errors import BadRequestError, StoreError, StoreUnavailable, error_from_payload
+from .checksum import cuts, digest
+from .errors import BadRequestError, ChecksumError, StoreError, StoreUnavailable, error_from_payload
 from .keys import check_out
 from .protocol import Closed, Conn, connect, content_length, json_body
 from .shm import host_id
@@ -106,9 +107,13 @@ class Transport:
         payload: Any = None,
         body: Sequence[memoryview] | None = None,
         reader: Reader[T] | None = None,
+        hold: list[Conn] | None = None,
+        conn: Conn | None = None,
     ) -> Any:
         """One HTTP exchange; retried with backoff when the connection fails (all store requests are
-        idempotent). `reader` consumes a 200 response body itself; otherwise the JSON body is returned."""
+        idempotent). `reader` consumes a 200 response body itself; otherwise the JSON body is returned.
+        `hold`: the connection is appended to it instead of going back to the pool (what the daemon leased
+        to it stays held until the caller's next request on it, `conn=`, which is tried once)."""
         data = json_body(payload) if payload is not None else b""
         length = sum(len(b) for b in body) if body is not None else len(data)
         headers = {"Host": f"{self.host}:{self.port}", "Content-Length": str(length)}
@@ -117,10 +122,11 @@ class Transport:
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         start = f"{method} {path} HTTP/1.1"
-        for attempt in range(self.retries + 1):
-            conn: Conn | None = None
+        given, retries = conn, 0 if conn is not None else self.retries
+        for attempt in range(retries + 1):
+            conn = None
             try:
-                conn = self._conn()
+                conn = given if given is not None else self._conn()
                 if body is None:
                     conn.send_head(start, headers, data)
                 else:
@@ -143,25 +149,28 @@ class Transport:
                         raise error_from_payload(code, result)
                 if rh.get("connection", "").lower() == "close":
                     conn.close()
+                elif hold is not None:
+                    hold.append(conn)
                 else:
                     self._give_back(conn)
                 return result
             except StoreError as e:
                 if conn is not None:
                     conn.close()
-                if not isinstance(e, StoreUnavailable) or attempt == self.retries:
+                if not isinstance(e, StoreUnavailable) or attempt == retries:
                     raise
             except (OSError, Closed, ValueError, IndexError) as e:
                 if conn is not None:
                     conn.close()
-                if attempt == self.retries:
+                if attempt == retries:
                     raise StoreUnavailable(f"{self.url}: {method} {path} failed: {e!r}") from e
             time.sleep(0.05 * 4**attempt)
         raise AssertionError("unreachable")
 
 
 def into(outs: list[np.ndarray]) -> Reader[None]:
-    """A response reader that receives the raw parts of a read straight into `outs`."""
+    """A response reader that receives the raw parts of a read straight into `outs`, hashing each piece
+    as it lands and checking it against the checksums the store sends after the parts (when it does)."""
 
     def read(conn: Conn, headers: dict[str, str], length: int) -> None:
         head = bytearray(PREAMBLE.size)
@@ -169,8 +178,9 @@ def into(outs: list[np.ndarray]) -> Reader[None]:
         (n,) = PREAMBLE.unpack(head)
         meta = json.loads(conn.read_bytes(n))
         left = length - PREAMBLE.size - n
+        checked = "digests" in meta
         try:
-            views = []
+            views, pieces = [], []
             for part, out in zip(meta["parts"], outs, strict=True):
                 dt = part["dtype"]
                 if dt not in ITEM_SIZE:
@@ -178,10 +188,24 @@ def into(outs: list[np.ndarray]) -> Reader[None]:
                 views.append(as_bytes(check_out(out, dt, Box.full(tuple(out.shape)))))
                 if len(views[-1]) != part["nbytes"]:
                     raise StoreError(f"store answered {part['nbytes']} bytes for a {len(views[-1])}-byte box")
+                pieces.append(cuts(len(views[-1]), int(part.get("skew", 0))) if checked else [])
+            count = sum(len(p) for p in pieces)
+            if checked and (meta["digests"] != count or left != sum(map(len, views)) + 8 * count):
+                raise StoreError("store answered a read with a malformed checksum trailer")
         except StoreError:
             conn.drain(left)
             raise
-        for v in views:
-            conn.read_into(v)
+        got = []
+        for v, cut in zip(views, pieces):
+            if not checked:
+                conn.read_into(v)
+            for a, b in cut:  # hashed right after it arrived, while it is in cache
+                conn.read_into(v[a:b])
+                got.append(digest(v[a:b]))
+        if checked:
+            trailer = bytearray(8 * count)
+            conn.read_into(memoryview(trailer))
+            if list(struct.unpack(f"<{count}Q", trailer)) != got:
+                raise ChecksumError("a read's bytes arrived different from what the store sent: not returned")
 
     return read

@@ -44,6 +44,7 @@ def execute(
     concurrency: int,
     shared: set[tuple[str, Any, int]],
     bd: Breakdown,
+    save_id: str | None = None,
 ) -> tuple[dict[str, int], list[Staged]]:
     """Pull every box of this rank into scratch buffers of its tensors; returns the bytes moved by route
     and the staged tensors, whose `finish()` writes the targets (the caller does, once every rank's boxes
@@ -51,7 +52,8 @@ def execute(
 
     Boxes read from one store are batched (one lookup on this host, one request over the network per
     batch) and the stores are read in parallel; boxes several local ranks need from another host go
-    through this host's store, which fetches each once."""
+    through this host's store, which fetches each once. Every read names the snapshot's `save_id`, so a
+    store holding another save of the step answers NotFound instead of that save's bytes."""
     staged = {
         name: Staged(shards[name].local, fill=False, scratch=True) for name in {f.tensor for f in fetches}
     }
@@ -87,12 +89,13 @@ def execute(
     def relay_all() -> None:
         with ThreadPoolExecutor(max_workers=max(1, concurrency)) as relays:
             for fut in [
-                relays.submit(c.fetch_remote, u, job, step, b, box, o) for c, u, b, box, o in relayed
+                relays.submit(c.fetch_remote, u, job, step, b, box, o, save_id) for c, u, b, box, o in relayed
             ]:
                 fut.result()
 
-    kinds = [("shm_reads", shm, lambda: read_many(shm, concurrency)), ("relayed_reads", relayed, relay_all),
-             ("network_reads", network, lambda: read_many(network, concurrency))]  # fmt: skip
+    kinds = [("shm_reads", shm, lambda: read_many(shm, concurrency, save_id)),
+             ("relayed_reads", relayed, relay_all),
+             ("network_reads", network, lambda: read_many(network, concurrency, save_id))]  # fmt: skip
     try:
         with bd.phase("reads"), ThreadPoolExecutor(max_workers=3) as pool:
             futures = [pool.submit(_timed, bd, kind, fn) for kind, work, fn in kinds if work]

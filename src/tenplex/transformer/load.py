@@ -90,8 +90,9 @@ def load(
     moved, staged, failure = {}, [], None
     try:
         moved, staged = execute(
-            p.for_rank(me), shards, job, snap.step, old_view, url, central, concurrency, shared, bd
-        )
+            p.for_rank(me), shards, job, snap.step, old_view, url, central, concurrency, shared, bd,
+            snap.manifest.get("save_id"),
+        )  # fmt: skip
     except Exception as e:  # every rank learns of it below, so none waits for the others forever
         failure = e
     with bd.phase("barrier"):  # every rank's status: the wait for the slowest rank

@@ -96,9 +96,10 @@ def choose(job: str, step: int | None, urls: list[str], *, check: bool = True) -
         found, manifest = _newest(job, step, urls)
         snap = Snapshot(found, manifest)
         if check:
-            lost, snap.remap = _lost_stores(snap.ptc, job, found, manifest.get("replicas", {}))
+            sid = manifest.get("save_id")
+            lost, snap.remap = _lost_stores(snap.ptc, job, found, manifest.get("replicas", {}), sid)
             snap.lost = sorted(lost)
-            check_blobs(snap.view, job, found, lost)
+            check_blobs(snap.view, job, found, lost, sid)
         return snap
     except StoreError as e:
         raise StateError(f"job {job!r}: cannot read the snapshots in the stores ({e})") from None
@@ -157,9 +158,10 @@ def _holds(url: str, job: str, step: int, save_id: str | None, known: dict) -> b
 
 
 def _lost_stores(
-    old: PTC, job: str, step: int, replicas: dict[str, list[str]]
+    old: PTC, job: str, step: int, replicas: dict[str, list[str]], save_id: str | None = None
 ) -> tuple[set[str], dict[str, str]]:
-    """Old stores that do not answer; those whose blobs a replica store holds are remapped to it."""
+    """Old stores that do not answer; those whose blobs of this save (`save_id`) a replica store holds are
+    remapped to it (a copy of another save of the step, with the same blob names, never is)."""
     down = set()
     for url in sorted(set(old.mesh.hosts)):
         try:
@@ -171,7 +173,7 @@ def _lost_stores(
         candidates = {u for d in down for u in replicas.get(d, [])} | (set(old.mesh.hosts) - down)
         for url in sorted(candidates - down):
             try:
-                listing = client(url).blobs(job, step)
+                listing = client(url).blobs(job, step, save_id)
             except StoreError:
                 continue
             held = {b["name"] for b in listing}
@@ -183,7 +185,7 @@ def _lost_stores(
     return down - set(remap), remap
 
 
-def check_blobs(view: PTC, job: str, step: int, lost: set[str]) -> None:
+def check_blobs(view: PTC, job: str, step: int, lost: set[str], save_id: str | None = None) -> None:
     """Every blob a load may read is in its store with its piece's shape and its tensor's dtype, so that a
     blob of another layout or dtype is never read as this snapshot's (one listing per store)."""
     expected: dict[str, dict[str, tuple[list[int], str]]] = defaultdict(dict)  # store -> blob -> meta
@@ -192,7 +194,7 @@ def check_blobs(view: PTC, job: str, step: int, lost: set[str]) -> None:
             for s in view.shards(r):
                 expected[host][blob_name(r, s.tensor)] = (list(s.box.shape), view.tensors[s.tensor].dtype)
     for url, blobs in sorted(expected.items()):
-        listing = {b["name"]: b for b in client(url).blobs(job, step)}
+        listing = {b["name"]: b for b in client(url).blobs(job, step, save_id)}
         for name, (shape, dtype) in sorted(blobs.items()):
             b = listing.get(name)
             if b is None:

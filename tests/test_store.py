@@ -526,7 +526,8 @@ PROTOCOL_V1 = {
     ("post", V), ("delete", V), ("post", f"{V}/commit"), ("get", f"{V}/manifest"), ("get", f"{V}/blobs"),
     ("get", f"{V}/blobs/{{name}}"), ("put", f"{V}/blobs/{{name}}"), ("post", f"{V}/blobs/{{name}}/allocate"),
     ("post", f"{V}/blobs/{{name}}/seal"), ("post", f"{V}/read"), ("post", f"{V}/locate"),
-    ("post", "/v1/relay"), ("post", "/v1/relay/drop"), ("post", "/v1/peers"), ("get", "/v1/datasets"),
+    ("post", "/v1/release"), ("post", "/v1/relay"), ("post", "/v1/relay/drop"), ("post", "/v1/peers"),
+    ("get", "/v1/datasets"),
     ("post", "/v1/datasets/{job}"), ("get", "/v1/datasets/{job}"), ("delete", "/v1/datasets/{job}"),
     ("post", "/v1/datasets/{job}/ids"), ("post", "/v1/datasets/{job}/read"),
 }  # fmt: skip

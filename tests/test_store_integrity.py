@@ -32,6 +32,7 @@ from tenplex.store.checksum import StreamDigests, chunk_digests, cuts, digest, l
 from tenplex.store.mappings import SWEEP
 from tenplex.store.protocol import Conn
 from tenplex.store.shm import shm_root
+from tenplex.store.tmpfs import host_path
 from tenplex.store.transport import PREAMBLE, into
 
 pytestmark = pytest.mark.timeout(180)
@@ -300,8 +301,9 @@ def test_a_killed_stores_shared_memory_is_reaped_at_the_next_start():
 
 
 def _mapped(path: str) -> bool:
+    """Whether this process maps the file (its path as the store's own mount namespace names it)."""
     with open("/proc/self/maps") as f:
-        return any(path in line for line in f)
+        return any(host_path(path) in line for line in f)
 
 
 def test_cached_mappings_of_unlinked_blob_files_are_dropped():

@@ -53,5 +53,44 @@ def test_every_relative_link_resolves():
     assert checked >= 20, checked  # the README's and docs/index.md's links at least
 
 
+def _resolves(dotted: str) -> bool:
+    """`tenplex.a.b.name`: the longest prefix that is a module of src/, then a name that module defines."""
+    parts = dotted.split(".")
+    base = ROOT / "src"
+    path, rest = None, parts
+    for i in range(len(parts), 0, -1):
+        stem = base.joinpath(*parts[:i])
+        for candidate in (stem / "__init__.py", stem.with_suffix(".py"), stem):
+            if candidate.exists():  # a module, a package, or a namespace package (a folder)
+                path, rest = candidate, parts[i:]
+                break
+        if path:
+            break
+    if path is None:
+        return False
+    if not rest:
+        return True
+    if path.is_dir():
+        return False
+    # a name the module defines or imports (its own attributes, e.g. a method, are not checked)
+    name = rest[0]
+    pattern = rf"(def|class) {name}\b|^{name}\b.*=|import .*\b{name}\b|\"{name}\"|^    {name}\b"
+    return re.search(pattern, path.read_text(), re.M) is not None
+
+
+def test_every_module_and_name_the_docs_mention_exists():
+    """`tenplex.x.y` in the README and docs/ (commands, imports, `tenplex.store.StoreClient`) still exists:
+    modules were renamed and split while the docs were written."""
+    missing, checked = [], 0
+    for doc in documents():
+        for dotted in sorted(set(re.findall(r"\btenplex(?:\.[A-Za-z_]\w*)+", doc.read_text()))):
+            checked += 1
+            if not _resolves(dotted):
+                missing.append(f"{doc.relative_to(ROOT)}: {dotted}")
+    assert not missing, "\n".join(missing)
+    assert checked >= 20, checked
+    assert not _resolves("tenplex.train.worker.init_distributed") and _resolves("tenplex.planner.assign")
+
+
 def test_the_readme_fits_on_a_screen():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 200

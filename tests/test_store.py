@@ -299,6 +299,7 @@ else:  # a PUT whose body stops halfway
     import socket
     s = socket.create_connection((c.host, c.port))
     s.sendall(b"PUT /v1/jobs/crash/versions/7/blobs/r0%2Fhalf?dtype=float32&shape=1000 HTTP/1.1\\r\\n"
+              b"Authorization: Bearer " + c.token.encode() + b"\\r\\n"
               b"Content-Length: 4000\\r\\n\\r\\n" + b"\\0" * 2000)
 os._exit(9)
 """
@@ -527,6 +528,7 @@ PROTOCOL_V1 = {
     ("get", f"{V}/blobs/{{name}}"), ("put", f"{V}/blobs/{{name}}"), ("post", f"{V}/blobs/{{name}}/allocate"),
     ("post", f"{V}/blobs/{{name}}/seal"), ("post", f"{V}/read"), ("post", f"{V}/locate"),
     ("post", "/v1/release"), ("post", "/v1/relay"), ("post", "/v1/relay/drop"), ("post", "/v1/peers"),
+    ("post", "/v1/hello"),
     ("get", "/v1/datasets"),
     ("post", "/v1/datasets/{job}"), ("get", "/v1/datasets/{job}"), ("delete", "/v1/datasets/{job}"),
     ("post", "/v1/datasets/{job}/ids"), ("post", "/v1/datasets/{job}/read"),

@@ -130,6 +130,7 @@ def test_a_put_in_flight_does_not_recreate_a_version_deleted_meanwhile(store):
     sock = socket.create_connection((c.host, c.port))
     try:
         sock.sendall(b"PUT /v1/jobs/inflight/versions/3/blobs/r0%2Fb?dtype=uint8&shape=4000 HTTP/1.1\r\n"
+                     b"Authorization: Bearer " + c.token.encode() + b"\r\n"
                      b"Content-Length: 4000\r\n\r\n" + b"\1" * 2000)  # fmt: skip
         time.sleep(0.3)  # the daemon is receiving the body
         c.delete_version(job, 3)

@@ -20,7 +20,8 @@ from .catalog import Blob, Catalog
 from .checksum import CHUNK, StreamDigests, byte_span, cuts, digest, span_digests, verify_span
 from .client import StoreClient
 from .datasets import Registry
-from .errors import BadRequestError, StoreError
+from .errors import BadRequestError
+from .peers import proven_client
 from .protocol import json_body
 from .relay import RelayCache
 from .replication import Replicator
@@ -49,6 +50,7 @@ class Daemon(Server):
         reserve: int = 0,
     ) -> None:
         super().__init__(host, port, token, routes)
+        self.bound = str(self.sock.getsockname()[0])
         shown = host if host not in ("0.0.0.0", "::", "") else socket.gethostname()
         self.url = advertise or f"http://{_bracket(shown)}:{self.port}"
         self.arena = Arena(str(self.port), shm_root, huge_pages, memory_limit, reserve)
@@ -60,8 +62,9 @@ class Daemon(Server):
         self.datasets = Registry()
 
     def peer(self, url: str) -> StoreClient:
-        """A network client of another store, carrying this store's token (relay fetches, replica pushes)."""
-        return StoreClient(url, token=self.token, local=False)
+        """A network client of another store for relay fetches and replica pushes; it carries this store's
+        token only after that store proved it holds the same one (`peers.check_peer`)."""
+        return proven_client(url, self.token)
 
     def close(self) -> None:
         """Stop serving and release every blob file and the shared-memory directory."""
@@ -110,19 +113,17 @@ class Daemon(Server):
         if req.length != blob.nbytes:
             self.catalog.drop(blob)
             raise BadRequestError(f"body has {req.length} bytes, {dtype}{list(shape)} needs {blob.nbytes}")
-        req.consumed = True
         data = memoryview(blob.mem)
         try:
             for i in range(0, blob.nbytes, CHUNK):
                 req.conn.read_into(data[i : i + CHUNK])
                 blob.digests.append(digest(data[i : i + CHUNK]))
-        except BaseException as e:
+        except BaseException:
             self.catalog.drop(blob)
-            if isinstance(e, StoreError):
-                e.mid_body = True  # type: ignore[attr-defined]
             raise
         finally:
             data.release()
+        req.consumed = True
         blob.sealed = True
         self.count("bytes_in", blob.nbytes)
         return blob

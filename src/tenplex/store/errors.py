@@ -36,6 +36,13 @@ class NotFoundError(StoreError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class RequestTimeout(StoreError):
+    """A request head that did not arrive in time (the connection is closed)."""
+
+    status = 408
+    kind = "timeout"
+
+
 class ConflictError(StoreError):
     """The request contradicts the state: writing into a committed version, committing unsealed blobs, ..."""
 
@@ -79,6 +86,7 @@ _BY_KIND: dict[str, type[StoreError]] = {
         AuthError,
         NotFoundError,
         ConflictError,
+        RequestTimeout,
         TooLargeError,
         ChecksumError,
         MemoryLimitError,

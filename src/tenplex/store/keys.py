@@ -32,7 +32,7 @@ def check_job(job: object) -> str:
 
 
 def check_step(step: object) -> int:
-    if isinstance(step, str) and step.isdigit() and len(step) <= 19:
+    if isinstance(step, str) and step.isascii() and step.isdigit() and len(step) <= 19:
         step = int(step)
     if type(step) is not int or not 0 <= step <= MAX_STEP:
         raise BadRequestError(f"invalid version {step!r}: expected a non-negative integer")

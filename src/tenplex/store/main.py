@@ -7,7 +7,6 @@ and the runtime parse; everything else the daemon says goes to the `tenplex` log
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
 import os
 import signal
@@ -24,23 +23,15 @@ class _Shutdown(BaseException):
     """Raised in the main thread by SIGTERM/SIGINT to leave the accept loop."""
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
+def load_token(path: str | None) -> str:
+    """The bearer token from `path` (default: this user's `~/.tenplex/store.token`), created 0600 with a
+    new random token if missing: every store requires one, loopback included."""
     try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def load_token(path: str | None, required: bool) -> str | None:
-    """The bearer token from `path` (or the per-user file when one is required); created 0600 if missing."""
-    if path is None and not required:
-        return None
-    try:
-        return read_token(path, create=True)
-    except ValueError as e:
-        raise BadRequestError(str(e)) from None
+        token = read_token(path, create=True)
+    except (OSError, ValueError) as e:
+        raise BadRequestError(f"no token for the store: {e} (pass --token-file)") from None
+    assert token is not None
+    return token
 
 
 def _size(text: str) -> int:
@@ -57,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--memory-limit", default="16GiB", help="most blob bytes held (default 16GiB)")
     p.add_argument("--token-file", default=None,
-                   help="bearer token file (required off loopback; generated 0600 if missing)")  # fmt: skip
+                   help="token file (default ~/.tenplex/store.token; made 0600 if missing)")  # fmt: skip
     p.add_argument("--peers", default="", help="comma-separated store URLs of the replication ring")
     p.add_argument("--replicas", type=int, default=0, help="copies of each committed blob on the next peers")
     p.add_argument("--advertise", default=None, help="this store's URL as peers know it")
@@ -71,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     """Start a daemon from parsed arguments, print the ready line, serve until SIGTERM/SIGINT."""
     if not 0 <= args.port < 65536 or args.replicas < 0:
         raise BadRequestError("port must be 0..65535 and replicas >= 0")
-    token = load_token(args.token_file, required=not is_loopback(args.host))
+    token = load_token(args.token_file)
     peers = [p.strip().rstrip("/") for p in args.peers.split(",") if p.strip()]
     limit, reserve = _size(args.memory_limit), _size(args.reserve)
     if reserve > limit:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
-from re import Pattern
+from collections.abc import Iterable
 from typing import Any
+
+from .server import Route
 
 _GROUP = re.compile(r"\(\?P<(\w+)>[^)]*\)")
 _JSON = {"application/json": {"schema": {"type": "object"}}}
@@ -13,10 +14,10 @@ _RAW = {"application/octet-stream": {"schema": {"type": "string", "format": "bin
 _ERROR = {"description": "a JSON error: {error, message}", "content": _JSON}
 
 
-def document(routes: Iterable[tuple[str, Pattern[str], Callable[..., Any]]], protocol: int) -> dict[str, Any]:
+def document(routes: Iterable[Route], protocol: int) -> dict[str, Any]:
     """Every route with its path parameters; raw-byte bodies (blob writes, box reads) marked as such."""
     paths: dict[str, dict[str, Any]] = {}
-    for method, pattern, fn in routes:
+    for method, pattern, fn, body, public in routes:
         path = _GROUP.sub(lambda m: "{" + m.group(1) + "}", pattern.pattern.rstrip("$"))
         raw_out = path.endswith("/read")
         op: dict[str, Any] = {
@@ -32,13 +33,15 @@ def document(routes: Iterable[tuple[str, Pattern[str], Callable[..., Any]]], pro
                 "4XX": _ERROR,
             },
         }  # fmt: skip
-        if method in ("POST", "PUT"):
-            op["requestBody"] = {"required": method == "PUT", "content": _RAW if method == "PUT" else _JSON}
+        if body != "none":
+            op["requestBody"] = {"required": body == "raw", "content": _RAW if body == "raw" else _JSON}
+        if public:
+            op["security"] = [{}]
         paths.setdefault(path, {})[method.lower()] = op
     return {
         "openapi": "3.1.0",
         "info": {"title": "tenplex tensor store", "version": str(protocol)},
         "components": {"securitySchemes": {"token": {"type": "http", "scheme": "bearer"}}},
-        "security": [{}, {"token": []}],  # a token is required whenever the store binds beyond loopback
+        "security": [{"token": []}],  # every route but the peer proof needs the token
         "paths": paths,
     }

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from typing import Any
 
-from .errors import BadRequestError, StoreUnavailable, TooLargeError
+from .errors import BadRequestError, RequestTimeout, StoreUnavailable, TooLargeError
 
 MAX_LINE = 8 << 10  # request line / status line
 MAX_HEAD = 32 << 10  # whole header section
@@ -22,8 +23,8 @@ RECV = 256 << 10
 
 REASONS = {
     200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
-    409: "Conflict", 411: "Length Required", 413: "Content Too Large", 500: "Internal Server Error",
-    503: "Service Unavailable", 507: "Insufficient Storage",
+    408: "Request Timeout", 409: "Conflict", 411: "Length Required", 413: "Content Too Large",
+    500: "Internal Server Error", 503: "Service Unavailable", 507: "Insufficient Storage",
 }  # fmt: skip
 
 
@@ -47,15 +48,30 @@ class Conn:
 
     # ---- reading
 
-    def read_head(self) -> tuple[str, dict[str, str]]:
-        """Start line and lower-cased headers of the next message; Closed on a clean EOF before it."""
+    def read_head_bytes(self, idle: float | None = None, limit: float | None = None) -> bytes:
+        """The next message head, through its blank line. `idle`: seconds to wait for its first byte
+        (Closed after that, as on a clean EOF); `limit`: seconds from its first byte to its blank line
+        (RequestTimeout after that). None: the socket's own timeout per receive."""
+        deadline: float | None = None
         while True:
             end = self._buf.find(b"\r\n\r\n")
             if end >= 0:
                 break
             if len(self._buf) > MAX_HEAD:
                 raise TooLargeError(f"header section longer than {MAX_HEAD} bytes")
-            chunk = self.sock.recv(RECV)
+            if self._buf and limit is not None and deadline is None:
+                deadline = time.monotonic() + limit
+            wait = idle if deadline is None else deadline - time.monotonic()
+            if wait is not None:
+                if wait <= 0:
+                    raise RequestTimeout(f"request head not complete within {limit} s")
+                self.sock.settimeout(wait)
+            try:
+                chunk = self.sock.recv(RECV)
+            except TimeoutError:
+                if not self._buf.strip():
+                    raise Closed from None
+                raise RequestTimeout(f"request head not complete within {limit} s") from None
             if not chunk:
                 if self._buf.strip():
                     raise BadRequestError("connection closed in the middle of a message head")
@@ -63,8 +79,14 @@ class Conn:
             self._buf += chunk
         if end > MAX_HEAD:
             raise TooLargeError(f"header section longer than {MAX_HEAD} bytes")
-        head = bytes(self._buf[:end])
+        head = bytes(self._buf[: end + 4])
         del self._buf[: end + 4]
+        return head
+
+    def read_head(self) -> tuple[str, dict[str, str]]:
+        """Start line and lower-cased headers of the next message (the client's reading of responses);
+        Closed on a clean EOF before it."""
+        head = self.read_head_bytes()[:-4]
         try:
             lines = head.decode("latin-1").split("\r\n")
         except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes everything
@@ -103,11 +125,29 @@ class Conn:
     def read_json(self, n: int) -> Any:
         if n > MAX_JSON:
             raise TooLargeError(f"JSON body of {n} bytes exceeds {MAX_JSON}")
-        raw = self.read_bytes(n) if n else b"null"
+        return parse_json(self.read_bytes(n) if n else b"null")
+
+    def linger(self, n: int, seconds: float) -> None:
+        """Before closing after an early answer: stop sending, then discard (never parse) up to `n` bytes
+        the peer is still sending, for at most `seconds`, so that its last writes do not reset the
+        connection before it has read the answer."""
         try:
-            return json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise BadRequestError(f"body is not JSON: {e}") from None
+            self.sock.shutdown(socket.SHUT_WR)
+            deadline = time.monotonic() + seconds
+            sink = memoryview(bytearray(RECV))
+            n -= len(self._buf)
+            self._buf.clear()
+            while n > 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.sock.settimeout(left)
+                got = self.sock.recv_into(sink, min(n, RECV))
+                if not got:
+                    break
+                n -= got
+        except OSError:
+            pass
 
     def drain(self, n: int) -> None:
         scratch = memoryview(bytearray(min(n, RECV) or 1))
@@ -128,11 +168,18 @@ class Conn:
 
 def content_length(headers: dict[str, str]) -> int:
     raw = headers.get("content-length", "0")
-    if not raw.isdigit() or len(raw) > 15:
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 15:
         raise BadRequestError(f"invalid Content-Length {raw[:40]!r}")
     if "transfer-encoding" in headers:
         raise BadRequestError("Transfer-Encoding is not supported; send Content-Length")
     return int(raw)
+
+
+def parse_json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BadRequestError(f"body is not JSON: {e}") from None
 
 
 def json_body(payload: Any) -> bytes:

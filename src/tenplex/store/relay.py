@@ -30,7 +30,6 @@ class RelayCache:
         self.catalog, self.connect = catalog, connect
         self.blobs: dict[Key, Blob] = {}
         self._pending: dict[Key, threading.Event] = {}
-        self._clients: dict[str, StoreClient] = {}
         self._lock = threading.Lock()
 
     def get(self, body: dict[str, Any]) -> Blob:
@@ -62,24 +61,20 @@ class RelayCache:
                     self._pending.pop(key, None)
                 event.set()
 
-    def _client(self, peer: str) -> StoreClient:
-        with self._lock:
-            c = self._clients.get(peer)
-            if c is None:
-                c = self._clients[peer] = self.connect(peer)
-            return c
-
     def _fetch(self, peer: str, job: str, step: int, name: str, box: Any, save_id: str | None) -> Blob:
-        c = self._client(peer)
-        info = c.blob_info(job, step, name, save_id)
-        b = check_box(box, tuple(info["shape"]))
-        blob = self.catalog.new_blob(f"relay {peer} {job}@{step}/{name}", info["dtype"], b.shape)
+        c = self.connect(peer)  # a fresh client each time: the peer proves itself before each fetch
         try:
-            out = blob_array(memoryview(blob.mem), blob.dtype, blob.shape)
-            c.read_box(job, step, name, b, out, save_id)
-        except BaseException:
-            self.catalog.drop(blob)
-            raise
+            info = c.blob_info(job, step, name, save_id)
+            b = check_box(box, tuple(info["shape"]))
+            blob = self.catalog.new_blob(f"relay {peer} {job}@{step}/{name}", info["dtype"], b.shape)
+            try:
+                out = blob_array(memoryview(blob.mem), blob.dtype, blob.shape)
+                c.read_box(job, step, name, b, out, save_id)
+            except BaseException:
+                self.catalog.drop(blob)
+                raise
+        finally:
+            c.close()
         blob.digests = chunk_digests(memoryview(blob.mem))
         blob.sealed = True
         return blob
@@ -96,8 +91,5 @@ class RelayCache:
     def close(self) -> None:
         with self._lock:
             gone, self.blobs = list(self.blobs.values()), {}
-            clients, self._clients = list(self._clients.values()), {}
         for b in gone:
             b.release()
-        for c in clients:
-            c.close()

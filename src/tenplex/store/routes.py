@@ -16,6 +16,7 @@ from .daemon import Daemon
 from .dataset_routes import DATASET_ROUTES
 from .errors import BadRequestError, ChecksumError, NotFoundError, TooLargeError
 from .keys import check_box, check_dtype, check_job, check_name, check_shape, check_step
+from .peers import is_own_url, proof
 from .server import Request, RouteTable
 from .shm import host_id
 
@@ -313,6 +314,20 @@ def _origin(value: Any) -> str | None:
     if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 1024):
         raise BadRequestError("replica_of must be a store URL")
     return value
+
+
+@route("POST", r"/v1/hello", public=True)
+def _hello(d: Daemon, req: Request) -> dict[str, Any]:
+    """Prove to another store that this one holds the token, for a URL that is this store's own."""
+    body = req.json()
+    nonce, url = body.get("nonce"), body.get("url")
+    if not (isinstance(nonce, str) and 16 <= len(nonce) <= 128 and isinstance(url, str) and len(url) <= 1024):
+        raise BadRequestError('expected {"nonce": 16 to 128 characters, "url": URL}')
+    if d.token is None:
+        raise BadRequestError("this store runs without a token: there is nothing to prove")
+    if not is_own_url(url, d.url, d.port, d.bound):
+        raise BadRequestError(f"{url[:200]!r} is not this store's URL")
+    return {"url": d.url, "proof": proof(d.token, nonce, url)}
 
 
 def _rss() -> int:

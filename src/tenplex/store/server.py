@@ -1,31 +1,50 @@
 """The store's HTTP/1.1 server on raw sockets: the accept loop, one thread per connection, request heads
-parsed and checked, routed through a route table, errors answered as JSON.
+parsed by llhttp (`heads`), authenticated, checked against their route, errors answered as JSON.
 
 It knows nothing of blobs or versions: `Daemon` (the store's state) subclasses it and the handlers in
 `routes` receive the daemon and a `Request`.
+
+Hostile or excessive input: the soft open-file limit is raised to the hard one at start; connections are
+capped (in all and per peer address) well below it; an accept that fails for lack of file descriptors
+sheds the waiting connection and backs off instead of ending the daemon; a request head must arrive
+within HEAD_TIMEOUT seconds (a new connection's first head too, so silent sockets are closed in seconds);
+every framing doubt (bad head, body on a route that takes none, a body over the limit, an error before
+the body was read, `Connection: close`) closes the connection after the answer, so no body is ever
+parsed as a request.
 """
 
 from __future__ import annotations
 
+import errno
 import hmac
 import itertools
+import os
 import re
+import resource
 import socket
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import numpy as np
 
 from ..util import logs
-from .errors import AuthError, BadRequestError, NotFoundError, StoreError
+from .errors import AuthError, BadRequestError, NotFoundError, StoreError, StoreUnavailable, TooLargeError
+from .heads import Head, parse_head
 from .keys import check_job, check_name, check_step
-from .protocol import REASONS, Closed, Conn, content_length, json_body
+from .protocol import MAX_JSON, REASONS, Closed, Conn, json_body, parse_json
 
-MAX_CONNECTIONS = 1024
-IDLE_TIMEOUT = 300.0  # seconds a connection may stay silent (also bounds a stalled body)
+MAX_CONNECTIONS = 4096  # open connections at most (also at most a quarter of the open-file limit)
+HEAD_TIMEOUT = 5.0  # seconds for a request head, from a new connection or from its first byte
+IDLE_TIMEOUT = 300.0  # seconds a keep-alive connection may wait between requests
+BODY_TIMEOUT = 60.0  # seconds a body may stall
+PUBLIC_BODY = 4096  # bytes of body a route answered without the token accepts
+LINGER = 2.0  # seconds to discard a body still arriving after an early answer
+_SHORT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 log = logs.get("store")
 
@@ -38,7 +57,7 @@ class Request:
     query: dict[str, list[str]]
     headers: dict[str, str]
     length: int
-    consumed: bool = False
+    consumed: bool = False  # the body has been read completely
     scratch: list[np.ndarray] = field(default_factory=list)  # the connection's reusable buffer
     leases: dict[int, list[Any]] = field(default_factory=dict)  # what the connection holds, by lease id
 
@@ -53,8 +72,11 @@ class Request:
         return self.leases.pop(n, [])
 
     def json(self) -> dict[str, Any]:
+        if self.length > MAX_JSON:
+            raise TooLargeError(f"JSON body of {self.length} bytes exceeds {MAX_JSON}")
+        raw = self.conn.read_bytes(self.length) if self.length else b"{}"
         self.consumed = True
-        body = self.conn.read_json(self.length) if self.length else {}
+        body = parse_json(raw)
         if not isinstance(body, dict):
             raise BadRequestError("the JSON body must be an object")
         return body
@@ -74,43 +96,122 @@ class Request:
 
 _lease_ids = itertools.count(1)
 Handler = Callable[[Any, Request], Any]
-Route = tuple[str, re.Pattern[str], Handler]
+
+
+class Route(NamedTuple):
+    method: str
+    pattern: re.Pattern[str]
+    handler: Handler
+    body: str  # "none", "json" or "raw"
+    public: bool  # answered without the token (only the peer proof)
 
 
 class RouteTable(list[Route]):
-    """(method, path pattern, handler) rows; `route` is the decorator that adds one."""
+    """The routes; `route` is the decorator that adds one (body kind from the method unless given)."""
 
-    def route(self, method: str, pattern: str) -> Callable[[Handler], Handler]:
+    def route(
+        self, method: str, pattern: str, body: str | None = None, public: bool = False
+    ) -> Callable[[Handler], Handler]:
+        kind = body or {"PUT": "raw", "POST": "json"}.get(method, "none")
+
         def deco(fn: Handler) -> Handler:
-            self.append((method, re.compile(pattern + "$"), fn))
+            self.append(Route(method, re.compile(pattern + "$"), fn, kind, public))
             return fn
 
         return deco
 
 
+def raise_fd_limit() -> int:
+    """Raise the soft open-file limit to the hard one; returns the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 16)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError):
+            pass
+    return int(soft) if soft != resource.RLIM_INFINITY else 1 << 16
+
+
 class Server:
-    """Serves `routes` on `host:port`; every request must carry `token` when one is set."""
+    """Serves `routes` on `host:port`; every non-public request must carry `token` when one is set."""
 
     def __init__(self, host: str, port: int, token: str | None, routes: list[Route]) -> None:
+        fds = raise_fd_limit()
+        self.max_connections = max(8, min(MAX_CONNECTIONS, fds // 4))
+        self.max_per_peer = max(4, self.max_connections * 3 // 4)
         self.sock = socket.create_server((host, port), reuse_port=False, backlog=512)
         self.port = self.sock.getsockname()[1]
         self.token = token
         self.routes = routes
-        self.counters = {"requests": 0, "errors": 0, "bytes_in": 0, "bytes_out": 0}
+        self.counters = {
+            "requests": 0,
+            "errors": 0,
+            "bytes_in": 0,
+            "bytes_out": 0,
+            "refused": 0,
+            "fd_exhausted": 0,
+        }
         self.conns: set[socket.socket] = set()
+        self._peers: Counter[str] = Counter()
         self._lock = threading.Lock()
+        self._spare = os.open(os.devnull, os.O_RDONLY)  # given up to shed a connection when out of fds
 
     def serve_forever(self) -> None:
+        delay = 0.0
         while True:
-            client, _ = self.sock.accept()
-            with self._lock:
-                full = len(self.conns) >= MAX_CONNECTIONS
-                if not full:
-                    self.conns.add(client)
-            if full:
-                _reject(client)
-                continue
-            threading.Thread(target=self._connection, args=(client,), daemon=True).start()
+            try:
+                client, addr = self.sock.accept()
+            except OSError as e:
+                if e.errno in _SHORT_OF_FDS:
+                    self.count("fd_exhausted")
+                    log.warning("accept: %s; shedding one connection, backing off %.2f s", e.strerror, delay)
+                    self._shed()
+                    time.sleep(delay)
+                    delay = min(1.0, delay * 2 or 0.01)
+                    continue
+                if e.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EAGAIN):
+                    continue
+                raise
+            delay = 0.0
+            self._admit(client, str(addr[0]) if isinstance(addr, tuple) else "")
+
+    def _admit(self, client: socket.socket, peer: str) -> None:
+        with self._lock:
+            full = len(self.conns) >= self.max_connections or self._peers[peer] >= self.max_per_peer
+            if not full:
+                self.conns.add(client)
+                self._peers[peer] += 1
+        if full:
+            self.count("refused")
+            _reject(client, "too many connections")
+            return
+        try:
+            threading.Thread(target=self._connection, args=(client, peer), daemon=True).start()
+        except RuntimeError:  # no thread to be had: same as no room
+            self._forget(client, peer)
+            _reject(client, "out of threads")
+
+    def _shed(self) -> None:
+        """Out of descriptors: free the spare one, accept the waiting connection and close it at once."""
+        try:
+            os.close(self._spare)
+            self.sock.settimeout(0)
+            try:
+                c, _ = self.sock.accept()
+                c.close()
+            except OSError:
+                pass
+            finally:
+                self.sock.settimeout(None)
+        except OSError:
+            pass
+        finally:
+            try:
+                self._spare = os.open(os.devnull, os.O_RDONLY)
+            except OSError:
+                self._spare = -1
 
     def close(self) -> None:
         """Stop accepting and shut every open connection."""
@@ -129,99 +230,107 @@ class Server:
 
     def connection_stats(self) -> dict[str, int]:
         with self._lock:
-            return {**self.counters, "connections": len(self.conns)}
+            return {**self.counters, "connections": len(self.conns), "max_connections": self.max_connections}
 
     def end_leases(self, leases: dict[int, list[Any]]) -> None:
         """A connection closed with `leases` still held (a reader that died): the store releases them."""
 
-    def _connection(self, sock: socket.socket) -> None:
-        sock.settimeout(IDLE_TIMEOUT)
+    def _forget(self, sock: socket.socket, peer: str) -> None:
+        with self._lock:
+            self.conns.discard(sock)
+            self._peers[peer] -= 1
+            if self._peers[peer] <= 0:
+                del self._peers[peer]
+
+    def _connection(self, sock: socket.socket, peer: str) -> None:
         conn = Conn(sock)
         scratch: list[np.ndarray] = []
         leases: dict[int, list[Any]] = {}
+        idle = HEAD_TIMEOUT  # a new connection says something at once, or goes
         try:
-            while self._one(conn, scratch, leases):
-                pass
+            while self._one(conn, scratch, leases, idle):
+                idle = IDLE_TIMEOUT
         except (OSError, Closed):
             pass
         finally:
-            with self._lock:
-                self.conns.discard(sock)
+            self._forget(sock, peer)
             conn.close()
             if leases:
                 self.end_leases(leases)
 
-    def _one(self, conn: Conn, scratch: list[np.ndarray], leases: dict[int, list[Any]]) -> bool:
+    def _one(self, conn: Conn, scratch: list[np.ndarray], leases: dict[int, list[Any]], idle: float) -> bool:
         """Serve one request; False when the connection must close."""
         try:
-            start, headers = conn.read_head()
+            raw = conn.read_head_bytes(idle, HEAD_TIMEOUT)
         except Closed:
             return False
-        except StoreError as e:  # unparseable head: framing is lost, answer and close
+        except StoreError as e:  # head too large, too slow or cut: framing is lost, answer and close
             self.count("errors")
             send_error(conn, e, close=True)
             return False
+        conn.sock.settimeout(BODY_TIMEOUT)
         self.count("requests")
         req: Request | None = None
+        head: Head | None = None
         try:
-            req = self._parse(conn, start, headers, scratch)
+            head = parse_head(raw)
+            req, route = self._request(conn, head, scratch)
             req.leases = leases
-            handler = self._find(req, start)
-            result = handler(self, req)
+            result = route.handler(self, req)
             if result is not None:
                 if not req.consumed and req.length:
                     raise BadRequestError("this request takes no body")
                 body = json_body(result)
-                conn.send_head("HTTP/1.1 200 OK", headers_for(len(body)), body)
+                headers = headers_for(len(body))
+                if not head.keep_alive:
+                    headers["Connection"] = "close"
+                conn.send_head("HTTP/1.1 200 OK", headers, body)
+            return head.keep_alive
         except StoreError as e:
             self.count("errors")
-            # the body may still be on the wire: skip a small one, otherwise close after answering
-            close = req is None or (not req.consumed and req.length > (1 << 20))
-            if req is not None and not req.consumed and not close:
-                try:
-                    conn.drain(req.length)
-                except StoreError:
-                    close = True
-            if req is not None and req.consumed and getattr(e, "mid_body", False):
-                close = True
-            send_error(conn, e, close=close)
-            return not close
+            keep = req is not None and (req.consumed or not req.length) and not isinstance(e, AuthError)
+            keep = keep and head is not None and head.keep_alive
+            send_error(conn, e, close=not keep)
+            if not keep and req is not None and not req.consumed and req.length:
+                conn.linger(req.length, LINGER)
+            return keep
         except (OSError, Closed):
             raise
         except Exception as e:  # a bug must not take the daemon down: report it and drop the connection
             self.count("errors")
-            log.exception("internal error serving %r", start[:200])
+            log.exception("internal error serving %r", raw[:200])
             send_error(conn, StoreError(f"internal error: {type(e).__name__}: {e}"), close=True)
             return False
-        return headers.get("connection", "").lower() != "close"
 
-    def _parse(self, conn: Conn, start: str, headers: dict[str, str], scratch: list[np.ndarray]) -> Request:
-        parts = start.split(" ")
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            raise BadRequestError(f"malformed request line {start[:80]!r}")
-        length = content_length(headers)
-        if self.token is not None:  # checked before anything else; the connection is closed on failure
-            auth = headers.get("authorization", "")
-            if not hmac.compare_digest(auth.encode(), f"Bearer {self.token}".encode()):
+    def _request(self, conn: Conn, head: Head, scratch: list[np.ndarray]) -> tuple[Request, Route]:
+        """The request and its route, refused before any handler runs when its token or body is wrong."""
+        split = urlsplit(head.target)
+        req = Request(conn, head.method, {}, parse_qs(split.query), head.headers, head.length, False, scratch)
+        route = self._find(req, split.path)
+        if self.token is not None and not route.public:
+            auth = head.headers.get("authorization", "")
+            if not hmac.compare_digest(auth.encode("latin-1"), f"Bearer {self.token}".encode()):
                 raise AuthError("missing or wrong bearer token")
-        split = urlsplit(parts[1])
-        return Request(
-            conn, parts[0], {"_path": split.path}, parse_qs(split.query), headers, length, False, scratch
-        )
+        if route.public and head.length > PUBLIC_BODY:
+            raise TooLargeError(f"at most {PUBLIC_BODY} bytes before authenticating")
+        if route.body == "none" and head.length:
+            raise BadRequestError(f"{head.method} {split.path[:200]} takes no body")
+        if route.body == "json" and head.length > MAX_JSON:
+            raise TooLargeError(f"JSON body of {head.length} bytes exceeds {MAX_JSON}")
+        return req, route
 
-    def _find(self, req: Request, start: str) -> Handler:
-        path = req.params.pop("_path")
+    def _find(self, req: Request, path: str) -> Route:
         allowed = False
-        for method, pattern, fn in self.routes:
-            m = pattern.match(path)
+        for route in self.routes:
+            m = route.pattern.match(path)
             if m:
                 allowed = True
-                if method == req.method:
+                if route.method == req.method:
                     req.params.update(m.groupdict())
-                    return fn
+                    return route
         if allowed:
-            raise BadRequestError(f"method {req.method} not allowed on {path[:200]}")
-        raise NotFoundError(f"no such endpoint: {start[:200]}")
+            raise BadRequestError(f"method {req.method[:20]!r} not allowed on {path[:200]}")
+        raise NotFoundError(f"no such endpoint: {req.method[:20]} {path[:200]}")
 
 
 def headers_for(length: int, ctype: str = "application/json") -> dict[str, str]:
@@ -239,8 +348,11 @@ def send_error(conn: Conn, e: StoreError, close: bool) -> None:
         pass
 
 
-def _reject(sock: socket.socket) -> None:
+def _reject(sock: socket.socket, why: str) -> None:
     try:
-        send_error(Conn(sock), StoreError("too many connections"), close=True)
+        sock.settimeout(1.0)
+        send_error(Conn(sock), StoreUnavailable(why), close=True)
+    except OSError:
+        pass
     finally:
         sock.close()

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from ..ptc import ITEM_SIZE, Box
+from ..util import read_token
 from .boxio import as_bytes
 from .checksum import cuts, digest
 from .errors import BadRequestError, ChecksumError, StoreError, StoreUnavailable, error_from_payload
@@ -35,6 +36,18 @@ Reader = Callable[[Conn, dict[str, str], int], T]
 
 def default_url() -> str:
     return os.environ.get("TENPLEX_STORE", DEFAULT_URL)
+
+
+def default_token() -> str | None:
+    """The token a client sends when given none: `TENPLEX_STORE_TOKEN`, else this user's token file (the one
+    a store writes on its first start), else none."""
+    env = os.environ.get("TENPLEX_STORE_TOKEN")
+    if env:
+        return env
+    try:
+        return read_token(None, create=False)
+    except (OSError, ValueError):
+        return None
 
 
 def parse_url(url: str) -> tuple[str, int]:
@@ -63,7 +76,7 @@ class Transport:
     ) -> None:
         self.url = (url or default_url()).rstrip("/")
         self.host, self.port = parse_url(self.url)
-        self.token = token if token is not None else os.environ.get("TENPLEX_STORE_TOKEN")
+        self.token = token if token is not None else default_token()
         self.timeout, self.retries = timeout, retries
         self._local = local
         self._pool: list[Conn] = []
@@ -127,13 +140,22 @@ class Transport:
             conn = None
             try:
                 conn = given if given is not None else self._conn()
-                if body is None:
-                    conn.send_head(start, headers, data)
-                else:
-                    conn.send_head(start, headers)
-                    for piece in body:
-                        conn.send(piece)
-                status, rh = conn.read_head()
+                unsent: OSError | None = None
+                try:
+                    if body is None:
+                        conn.send_head(start, headers, data)
+                    else:
+                        conn.send_head(start, headers)
+                        for piece in body:
+                            conn.send(piece)
+                except OSError as e:  # the store may have answered early and closed (507, 413, 401)
+                    unsent = e
+                try:
+                    status, rh = conn.read_head()
+                except (OSError, Closed):
+                    if unsent is not None:
+                        raise unsent from None
+                    raise
                 n = content_length(rh)
                 if status.split(" ", 2)[1:2] == ["200"] and reader is not None:
                     result = reader(conn, rh, n)

@@ -39,6 +39,7 @@ class Conn:
         self.sock = sock
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._buf = bytearray()
+        self.pending = 0  # answers to requests sent without waiting (read before the next request)
 
     def close(self) -> None:
         try:

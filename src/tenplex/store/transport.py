@@ -97,10 +97,37 @@ class Transport:
         return self.request("GET", "/v1/health")
 
     def _conn(self) -> Conn:
-        with self._lock:
-            if self._pool:
-                return self._pool.pop()
-        return connect(self.host, self.port, self.timeout)
+        while True:
+            with self._lock:
+                conn = self._pool.pop() if self._pool else None
+            if conn is None:
+                return connect(self.host, self.port, self.timeout)
+            try:
+                while conn.pending:  # the answers of requests sent without waiting: read and dropped
+                    _, rh = conn.read_head()
+                    conn.read_json(content_length(rh))
+                    conn.pending -= 1
+                    if rh.get("connection", "").lower() == "close":
+                        raise Closed
+                return conn
+            except (OSError, Closed, StoreError):
+                conn.close()
+
+    def send_only(self, conn: Conn, method: str, path: str, payload: Any) -> None:
+        """Send a request on `conn` and give the connection back without waiting for the answer (read by
+        its next user): for requests whose answer does not matter, such as ending a lease."""
+        data = json_body(payload)
+        headers = {"Host": f"{self.host}:{self.port}", "Content-Length": str(len(data)),
+                   "Content-Type": "application/json"}  # fmt: skip
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        try:
+            conn.send_head(f"{method} {path} HTTP/1.1", headers, data)
+        except OSError:
+            conn.close()  # closing the connection ends what it held as well
+            return
+        conn.pending += 1
+        self._give_back(conn)
 
     def _give_back(self, conn: Conn) -> None:
         with self._lock:

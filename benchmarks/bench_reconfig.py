@@ -340,7 +340,7 @@ def summarise(ranks: list[dict], mem_bw: float, sock_bw: float, shaped_bw: float
 
 SAVE_PHASES = ["describe", "create", "gather", "plan", "stage", "copy", "barrier", "commit"]
 LOAD_PHASES = ["describe", "gather", "choose", "plan", "reads", "shm_reads", "network_reads", "relayed_reads",
-               "scatter", "barrier", "write", "restore", "drop_relays"]  # fmt: skip
+               "barrier", "write", "restore", "drop_relays"]  # fmt: skip
 
 
 def print_breakdown(rows: list[dict]) -> None:

@@ -86,7 +86,6 @@ def test_the_breakdown_accounts_for_the_save_and_the_load():
             "plan",
             "choose",
             "reads",
-            "scatter",
             "barrier",
             "write",
             "restore",

@@ -11,14 +11,16 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+import torch
 
 from ..planner import Fetch, Plan, Route
-from ..ptc import PTC
+from ..ptc import PTC, Box
 from ..store import StoreClient, StoreError, read_many
+from ..store.keys import NUMPY_DTYPE
 from .breakdown import Breakdown
 from .errors import StateError
 from .gathered import blob_name
-from .shards import LocalShard, Staged
+from .shards import VIEW_AS, LocalShard, Staged
 from .stores import client
 
 
@@ -45,30 +47,36 @@ def execute(
     shared: set[tuple[str, Any, int]],
     bd: Breakdown,
     save_id: str | None = None,
-) -> tuple[dict[str, int], list[Staged]]:
-    """Pull every box of this rank into scratch buffers of its tensors; returns the bytes moved by route
-    and the staged tensors, whose `finish()` writes the targets (the caller does, once every rank's boxes
-    arrived and verified: a failed load leaves every target as it was).
+) -> tuple[dict[str, int], Callable[[], None]]:
+    """Pull every box of this rank into scratch buffers; returns the bytes moved by route and the function
+    that writes the targets (the caller calls it once every rank's boxes arrived and verified: a failed load
+    leaves every target as it was).
 
-    Boxes read from one store are batched (one lookup on this host, one request over the network per
-    batch) and the stores are read in parallel; boxes several local ranks need from another host go
-    through this host's store, which fetches each once. Every read names the snapshot's `save_id`, so a
-    store holding another save of the step answers NotFound instead of that save's bytes."""
-    staged = {
-        name: Staged(shards[name].local, fill=False, scratch=True) for name in {f.tensor for f in fetches}
-    }
+    A box contiguous in its tensor lands in a scratch copy of the tensor, written to it in one copy; any
+    other box lands in a buffer of its own and is copied straight into the target's view (not first into
+    the scratch). Boxes read from one store are batched (one lookup on this host, one request over the
+    network per batch) and the stores are read in parallel; boxes several local ranks need from another
+    host go through this host's store, which fetches each once. Every read names the snapshot's `save_id`,
+    so a store holding another save of the step answers NotFound instead of that save's bytes."""
+    names = sorted({f.tensor for f in fetches})
+    rels = [f.box.relative_to(shards[f.tensor].box) for f in fetches]
+    runs = [_contiguous(rel, shards[f.tensor].box.shape) for f, rel in zip(fetches, rels)]
+    inplace = sorted({f.tensor for f, run in zip(fetches, runs) if run})
+    staged = {n: Staged(shards[n].local, fill=False, scratch=True) for n in inplace}
     own = client(url)
     hub: StoreClient | None = client(old.mesh.hosts[0]) if central else None
-    sources = {(name, r): piece.box for name in staged for piece in old.pieces(name) for r in piece.holders}
+    sources = {(name, r): piece.box for name in names for piece in old.pieces(name) for r in piece.holders}
     moved: dict[str, int] = {"central": 0} if central else {r.value: 0 for r in Route}
     direct: list[tuple[StoreClient, str, int, str, Any, np.ndarray]] = []
     relayed: list[tuple[StoreClient, str, str, Any, np.ndarray]] = []
-    copies: list[tuple[np.ndarray, np.ndarray]] = []
-    for f in fetches:
-        dst = staged[f.tensor].array[(*f.box.relative_to(shards[f.tensor].box).slices(), ...)]
-        out = dst if dst.flags.c_contiguous else np.empty(dst.shape, dst.dtype)
-        if out is not dst:
-            copies.append((dst, out))
+    apart: list[tuple[torch.Tensor, np.ndarray]] = []  # (the target's view, the box's own buffer)
+    for f, rel, run in zip(fetches, rels, runs):
+        if run:
+            out = staged[f.tensor].array[(*rel.slices(), ...)]
+        else:
+            local = shards[f.tensor].local
+            out = np.empty(rel.shape, NUMPY_DTYPE[shards[f.tensor].dtype])
+            apart.append((local[rel.slices()], out))
         src_box = f.box.relative_to(sources[(f.tensor, f.src)])
         src_url, blob = old.mesh.hosts[f.src], blob_name(f.src, f.tensor)
         if hub is not None:
@@ -103,10 +111,24 @@ def execute(
                 fut.result()
     except StoreError as e:
         raise StateError(f"loading the snapshot of {job!r} at step {step}: {e}") from e
-    with bd.phase("scatter"):  # boxes that are not contiguous in the target's scratch
-        for dst, out in copies:
-            np.copyto(dst, out)
-    return moved, list(staged.values())
+
+    def write() -> None:
+        for st in staged.values():  # first whole tensors, then the boxes held apart over them
+            st.finish()
+        for view, buf in apart:
+            src = torch.from_numpy(buf)
+            view.copy_(src.view(view.dtype) if view.dtype in VIEW_AS else src)
+
+    return moved, write
+
+
+def _contiguous(box: Box, shape: tuple[int, ...]) -> bool:
+    """Whether `box` of a C-order array of `shape` is one contiguous run (it narrows only the leading
+    dimension, after any dimensions it takes one index of)."""
+    d = 0
+    while d < len(shape) - 1 and box.stop[d] - box.start[d] == 1:
+        d += 1
+    return all(box.start[k] == 0 and box.stop[k] == shape[k] for k in range(d + 1, len(shape)))
 
 
 def _timed(bd: Breakdown, kind: str, fn: Callable[[], None]) -> None:

@@ -87,9 +87,9 @@ def load(
     me = world.rank(group)
     with bd.phase("plan"):
         shared = shared_remote_boxes(p, new.mesh.hosts[me])
-    moved, staged, failure = {}, [], None
+    moved, write, failure = {}, None, None
     try:
-        moved, staged = execute(
+        moved, write = execute(
             p.for_rank(me), shards, job, snap.step, old_view, url, central, concurrency, shared, bd,
             snap.manifest.get("save_id"),
         )  # fmt: skip
@@ -107,8 +107,8 @@ def load(
             raise error
         return fallback(f"reading the snapshot failed on rank {r}: {why}", error)
     with bd.phase("write"):  # every box of every rank arrived and verified: now the targets are written
-        for st in staged:
-            st.finish()
+        if write is not None:
+            write()
     with bd.phase("restore"):
         restore(state_dict, tree, {k: v for k, v in old.values.items() if k in values})
     missing, unexpected = _differences(old, new, wanted)

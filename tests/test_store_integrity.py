@@ -366,3 +366,41 @@ def test_a_commit_waiting_longer_than_the_client_timeout_is_not_a_lost_store():
             assert info["committed"] and info["replication"].startswith("failed"), info
     finally:
         hole.close()
+
+
+def test_a_second_push_of_a_step_follows_the_first_and_is_waited_for():
+    """Save A of step 5 is still being pushed when save B replaces it: B's push waits for (and cancels) A's,
+    and B's commit with wait_replicas returns only when the replica holds B."""
+    with start_store() as d, start_store() as r:
+        d.client().set_peers([d.url, r.url], 1)
+        c = d.client(local=True)
+        big = np.ones(24 << 20, np.uint8)
+        c.create_version("push", 5, save_id="A")
+        c.write_blob("push", 5, "r0/w", big)
+        c.commit("push", 5, {"save_id": "A"})  # its push starts in the background
+        c.delete_version("push", 5)
+        c.create_version("push", 5, save_id="B")
+        c.write_blob("push", 5, "r0/w", big[: 1 << 20] * 2)
+        info = c.commit("push", 5, {"save_id": "B"}, wait_replicas=True)
+        assert info["replication"] == "done", info
+        assert r.client().save_ids("push") == {5: "B"}
+        out = np.empty(1 << 20, np.uint8)
+        r.client(local=False).read_box("push", 5, "r0/w", Box.full(out.shape), out, save_id="B")
+        assert (out == 2).all()
+
+
+def test_relayed_pieces_are_kept_per_save():
+    """A relay cache entry of one save never answers a request for another save of the same step."""
+    with start_store() as remote, start_store() as here:
+        rc, hc = remote.client(local=False), here.client(local=False)
+        out = np.empty(16, np.float32)
+        for save, value in (("A", 1.0), ("B", 2.0)):
+            if 4 in rc.versions("rel"):
+                rc.delete_version("rel", 4)
+            rc.create_version("rel", 4, save_id=save)
+            rc.write_blob("rel", 4, "w", np.full(16, value, np.float32), save_id=save)
+            rc.commit("rel", 4, {"save_id": save})
+            hc.fetch_remote(remote.url, "rel", 4, "w", None, out, save_id=save)
+            assert (out == value).all(), save
+        with pytest.raises(NotFoundError):  # the remote holds B only now
+            hc.fetch_remote(remote.url, "rel", 4, "w", Box((0,), (8,)), np.empty(8, np.float32), save_id="A")

@@ -156,7 +156,8 @@ class Table:
         if isinstance(machine, dict):
             cpus += f", {machine['cpus']} CPUs" if "cpus" in machine else ""
             cpus += f", load average {machine['load']:.1f}" if "load" in machine else ""
-        head = f"`{self.command}` → `results/{self.results}`" + (f" ({when}{cpus})" if when else "") + ":\n\n"
+        command = doc.get("command") or self.command  # the exact command, where the benchmark records it
+        head = f"`{command}` → `results/{self.results}`" + (f" ({when}{cpus})" if when else "") + ":\n\n"
         lines = ["| " + " | ".join(h for h, _ in self.columns) + " |", "|" + "---|" * len(self.columns)]
         rows = [r for r in doc[self.records] if self.rows(r)]
         lines += ["| " + " | ".join(c(r) for _, c in self.columns) + " |" for r in rows]

@@ -130,3 +130,14 @@ def test_a_demo_summary_becomes_the_readme_table_without_local_paths(tmp_path):
     assert "| dp2-tp2-pp1 → dp3-tp1-pp1 | failure (rank killed) | 10 |" in text
     assert "snapshot at step 40 (3 steps replayed)" in text and "The loss curve matches" in text
     assert "every one of the 720 samples" in text
+
+
+def test_the_command_a_benchmark_recorded_is_the_one_shown(tmp_path):
+    root = _root(tmp_path)
+    _planner_results(root, 0.29)
+    path = root / "results" / "bench_planner.json"
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps({**doc, "command": "python benchmarks/bench_planner.py --max-devices 512"}))
+    tables.main(["--root", str(root)])
+    text = (root / "docs" / "benchmarks.md").read_text()
+    assert "`python benchmarks/bench_planner.py --max-devices 512` → `results/bench_planner.json`" in text

@@ -128,19 +128,22 @@ class ElasticJob:
     def ready(self, step: int, *, layout: str | None = None, **fields: Any) -> None:
         """Mark the end of the restart (the downtime the controller reports ends here); `running` calls it
         if the script did not. `layout`: what this script runs, as the run's views should name it (e.g.
-        "fsdp3"). The record carries where the restart's time went: `init_at` (this object made),
-        `process_group_seconds`, `load_seconds`, and `build_seconds` (the rest: building the model and
+        "fsdp3"). The record carries where the restart's time went: `init_at` (the last rank's job object
+        made: a rank whose process started late delays them all), `process_group_seconds` (from then to
+        the group formed), `load_seconds`, and `build_seconds` (the rest: building the model and
         optimizer)."""
         if not self._ready:
             self._ready = True
+            last = _max_over_ranks(self._init_at)
+            group = max(0.0, self._init_at + self._group_seconds - last)
             self.label = layout or self.label
             self.record(
                 "ready",
                 step=step,
-                init_at=self._init_at,
-                process_group_seconds=self._group_seconds,
+                init_at=last,
+                process_group_seconds=group,
                 load_seconds=self._load_seconds,
-                build_seconds=time.perf_counter() - self._started - self._load_seconds - self._group_seconds,
+                build_seconds=time.time() - last - group - self._load_seconds,
                 layout=self.label,
                 pid=os.getpid(),
                 world=self.world,
@@ -202,6 +205,12 @@ def _sum_over_ranks(values: dict[str, float]) -> dict[str, float]:
     t = _on_backend(torch.tensor([float(values[k]) for k in keys], dtype=torch.float64))
     dist.all_reduce(t)
     return dict(zip(keys, t.tolist()))
+
+
+def _max_over_ranks(value: float) -> float:
+    t = _on_backend(torch.tensor([value], dtype=torch.float64))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
 
 
 def _stop_requested(path: str | None) -> bool:

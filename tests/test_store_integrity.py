@@ -404,3 +404,27 @@ def test_relayed_pieces_are_kept_per_save():
             assert (out == value).all(), save
         with pytest.raises(NotFoundError):  # the remote holds B only now
             hc.fetch_remote(remote.url, "rel", 4, "w", Box((0,), (8,)), np.empty(8, np.float32), save_id="A")
+
+
+def test_a_persist_racing_a_new_save_of_its_step_raises_instead_of_mixing(tmp_path, monkeypatch):
+    """`persist` reads piece by piece; the step is saved again after its first piece: the DCP checkpoint
+    must not take the second piece from the new save."""
+    import torch
+
+    import tenplex
+    import tenplex.transformer.durable as durable
+    from tenplex.transformer import StateError
+
+    real, calls = durable._read_piece, []
+    with start_store() as s:
+        tenplex.save({"a": torch.zeros(4), "b": torch.zeros(4)}, job="mix", step=1, store=s.url)
+
+        def racing(*args, **kwargs):
+            real(*args, **kwargs)
+            calls.append(1)
+            if len(calls) == 1:  # the step is saved again (a replayed step) while persist runs
+                tenplex.save({"a": torch.ones(4), "b": torch.ones(4)}, job="mix", step=1, store=s.url)
+
+        monkeypatch.setattr(durable, "_read_piece", racing)
+        with pytest.raises(StateError, match="no copy"):
+            tenplex.persist("mix", 1, str(tmp_path / "dcp"), store=s.url)

@@ -188,8 +188,11 @@ class StoreReader(StorageReader):
             try:
                 with ThreadPoolExecutor(max_workers=8) as pool:
                     job = self.job
-                    futs = [pool.submit(own.fetch_remote, u, job, step, b, x, o) for u, b, x, o in relayed]
-                    read_many(direct, 8)
+                    sid = self._chosen[1].get("save_id")  # every read of the chosen save only
+                    futs = [
+                        pool.submit(own.fetch_remote, u, job, step, b, x, o, sid) for u, b, x, o in relayed
+                    ]
+                    read_many(direct, 8, sid)
                     for f in futs:
                         f.result()
             except StoreError as e:

@@ -53,23 +53,26 @@ def assemble(
     """Every tensor of a committed snapshot as one full tensor, each piece read from a store holding it
     (for persisting, and for comparing two runs' states)."""
     snap = choose(job, step, [resolve(store)])  # what a load would take: one complete save
-    step, ptc = snap.step, snap.ptc
+    step, ptc, save_id = snap.step, snap.ptc, snap.manifest.get("save_id")
     out = {}
     for name, meta in ptc.tensors.items():
         full = torch.empty(meta.shape, dtype=TORCH_DTYPES[meta.dtype])
         array = Staged(full, fill=False).array
         for piece in ptc.pieces(name):
-            _read_piece(ptc, job, step, name, piece, array[(*piece.box.slices(), ...)])
+            _read_piece(ptc, job, step, name, piece, array[(*piece.box.slices(), ...)], save_id)
         out[name] = full
     return step, ptc, out
 
 
-def _read_piece(ptc: PTC, job: str, step: int, name: str, piece: Any, out: Any) -> None:
+def _read_piece(ptc: PTC, job: str, step: int, name: str, piece: Any, out: Any, save_id: str | None) -> None:
+    """One piece from a store holding it, of the chosen save only (a version saved again meanwhile, e.g.
+    during `keep` rotation, answers NotFound instead of mixing another save into the checkpoint)."""
     errors = []
     buf = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
     for r in piece.holders:
         try:
-            client(ptc.mesh.hosts[r]).read_box(job, step, blob_name(r, name), Box.full(piece.box.shape), buf)
+            box = Box.full(piece.box.shape)
+            client(ptc.mesh.hosts[r]).read_box(job, step, blob_name(r, name), box, buf, save_id)
             if buf is not out:
                 out[...] = buf
             return

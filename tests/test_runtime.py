@@ -113,6 +113,17 @@ def test_top_choice_is_within_ten_percent_of_the_best_measured_layout():
         assert c["ratio"] <= 1.10, c
 
 
+def test_tenplex_choose_reports_the_layout_the_runtime_takes(capsys):
+    from tenplex.cli.main import main
+
+    # gpt3-125m on 8 devices, batch 8: the model ranks dp4-tp2 first, which tied embeddings rule out
+    assert main(["choose", "--model", "gpt3-125m", "--devices", "8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    first = out["ranking"][0]
+    assert (first["dp"], first["tp"]) == (4, 2)
+    assert Layout(out["choice"]["dp"], out["choice"]["tp"], out["choice"]["pp"]) == choose("gpt3-125m", 8, 8)
+
+
 def test_para_config_overrides_and_is_validated():
     table = {"4": {"dp_size": 1, "mp_size": 2, "pp_size": 2}}
     assert choose("tiny", 4, 8, table=table) == Layout(1, 2, 2)

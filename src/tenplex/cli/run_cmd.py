@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from ..ptc import PTCError
+from ..ptc.layout import Layout
 from ..train.config import TrainConfig
 from ..util import print_table
 from .args import size_arg
@@ -110,7 +111,10 @@ def choose_cmd(args: argparse.Namespace) -> int:
     if args.json:
         print(
             json.dumps(
-                {"choice": _choice(ranked, table, args.devices), "ranking": [e.to_json() for e in ranked]}
+                {
+                    "choice": _choice(ranked, table, args.devices, args.model),
+                    "ranking": [e.to_json() for e in ranked],
+                }
             )
         )
         return 0
@@ -132,17 +136,28 @@ def choose_cmd(args: argparse.Namespace) -> int:
         ["#", "layout", "step", "memory/device"],
         rows,
     )
+    choice = _choice(ranked, table, args.devices, args.model)
+    tied = "the reference workload runs tied embeddings with tp = pp = 1"
     if args.devices in table:
         lay = table[args.devices]
         print(f"para-config overrides: dp={lay.dp},tp={lay.tp},pp={lay.pp}")
+    elif choice is None:
+        print(f"tenplex run takes none of these: {tied}")
+    elif Layout(choice["dp"], choice["tp"], choice["pp"]) != ranked[0].layout:
+        print(f"tenplex run takes dp={choice['dp']},tp={choice['tp']},pp={choice['pp']}: {tied}")
     return 0
 
 
-def _choice(ranked: list, table: dict, devices: int) -> dict | None:
+def _choice(ranked: list, table: dict, devices: int, model: str) -> dict | None:
+    """What `tenplex run` would pick: the para-config's entry, else the best layout the reference workload
+    runs (the ranking also lists layouts only the architecture allows)."""
+    from ..ptc import preset
+
     if devices in table:
         lay = table[devices]
         return {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "from": "para-config"}
-    return {**ranked[0].to_json(), "from": "cost model"} if ranked else None
+    runs = [e for e in ranked if e.layout.allowed(preset(model), devices)]
+    return {**runs[0].to_json(), "from": "cost model"} if runs else None
 
 
 def demo(args: argparse.Namespace) -> int:

@@ -43,7 +43,8 @@ HEAD_TIMEOUT = 5.0  # seconds for a request head, from a new connection or from 
 IDLE_TIMEOUT = 300.0  # seconds a keep-alive connection may wait between requests
 BODY_TIMEOUT = 60.0  # seconds a body may stall
 PUBLIC_BODY = 4096  # bytes of body a route answered without the token accepts
-LINGER = 2.0  # seconds to discard a body still arriving after an early answer
+LINGER = 2.0  # seconds to discard a body still arriving after an early answer (token holders: 30 s, so
+LINGER_TRUSTED = 30.0  # that a big write into a full store over a slow link still reads its 507)
 _SHORT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 log = logs.get("store")
@@ -60,6 +61,7 @@ class Request:
     consumed: bool = False  # the body has been read completely
     scratch: list[np.ndarray] = field(default_factory=list)  # the connection's reusable buffer
     leases: dict[int, list[Any]] = field(default_factory=dict)  # what the connection holds, by lease id
+    trusted: bool = False  # it carried the token
 
     def lease(self, items: list[Any]) -> int:
         """Keep `items` held for this connection until `unlease` (or `Server.end_leases` at its close)."""
@@ -292,7 +294,7 @@ class Server:
             keep = keep and head is not None and head.keep_alive
             send_error(conn, e, close=not keep)
             if not keep and req is not None and not req.consumed and req.length:
-                conn.linger(req.length, LINGER)
+                conn.linger(req.length, LINGER_TRUSTED if req.trusted else LINGER)
             return keep
         except (OSError, Closed):
             raise
@@ -305,12 +307,14 @@ class Server:
     def _request(self, conn: Conn, head: Head, scratch: list[np.ndarray]) -> tuple[Request, Route]:
         """The request and its route, refused before any handler runs when its token or body is wrong."""
         split = urlsplit(head.target)
-        req = Request(conn, head.method, {}, parse_qs(split.query), head.headers, head.length, False, scratch)
+        query = parse_qs(split.query)
+        req = Request(conn, head.method, {}, query, head.headers, head.length, scratch=scratch)
         route = self._find(req, split.path)
         if self.token is not None and not route.public:
             auth = head.headers.get("authorization", "")
             if not hmac.compare_digest(auth.encode("latin-1"), f"Bearer {self.token}".encode()):
                 raise AuthError("missing or wrong bearer token")
+        req.trusted = self.token is None or not route.public
         if route.public and head.length > PUBLIC_BODY:
             raise TooLargeError(f"at most {PUBLIC_BODY} bytes before authenticating")
         if route.body == "none" and head.length:

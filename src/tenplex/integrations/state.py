@@ -1,0 +1,51 @@
+"""The state an elastic script hands to `ElasticJob`, for any FSDP2/TP model, and the layout of a phase."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+from ..ptc import TenplexError
+
+OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+class TrainState:
+    """`state()` is the job's state dict (model and optimizer through DCP's state-dict API, so that names
+    are the same in every layout, plus any stateful `extra` such as the sampler); `restore(state)` hands a
+    loaded one back to the model and optimizer."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, **extra: Any) -> None:
+        self.model, self.optimizer, self.extra = model, optimizer, extra
+
+    def __call__(self) -> dict[str, Any]:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=OPTIONS)
+        return {"model": model_sd, "optim": optim_sd, **self.extra}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+            options=OPTIONS,
+        )
+
+
+def layout_for(world: int, tp_table: str = "") -> tuple[int, int]:
+    """(dp, tp) for `world` ranks from a script's `--tp` table ("4:2,6:3": tensor parallelism 2 on 4
+    ranks, 3 on 6; any other world size is pure data parallelism)."""
+    table = {}
+    for entry in filter(None, tp_table.split(",")):
+        n, _, t = entry.partition(":")
+        try:
+            table[int(n)] = int(t)
+        except ValueError:
+            raise TenplexError(f"--tp {tp_table!r}: expected WORLD:TP entries such as 4:2") from None
+    tp = table.get(world, 1)
+    if tp < 1 or world % tp:
+        raise TenplexError(f"tp={tp} does not divide the world of {world} ranks")
+    return world // tp, tp

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from launch import SRC, free_port
+from launch import SRC
 from tenplex.runtime.records import read_records
 from tenplex.store import start_store
+from tenplex.util import free_port
 
 pytestmark = pytest.mark.dist
 

@@ -109,18 +109,14 @@ def main() -> None:
         local, net = sp.client(local=True), sp.client(local=False)
 
         # ---- same host: write (allocate + copy + checksums + seal) vs a copy into fresh memory
-        def drop(wait: float) -> Callable[[], None]:
-            def setup() -> None:
-                if 1 in [v["step"] for v in _all(local)]:
-                    local.delete_version("bench", 1)
-                time.sleep(wait)  # GRACE: after it the freed file is recycled for the next blob
-
-            return setup
+        def drop() -> None:  # the freed file is recycled for the next blob at once (no reader holds it)
+            if 1 in [v["step"] for v in _all(local)]:
+                local.delete_version("bench", 1)
 
         t_warm = best(lambda: np.copyto(out, a))
         t_cold = best(lambda: local.write_blob("bench", 1, "w", a), repeat=1)
         row("shm write 256 MiB, new file in a used store", t_cold, "np.copyto fresh", t_fresh, n, 0.7)
-        t_write = best(lambda: local.write_blob("bench", 1, "w", a), setup=drop(2.1))
+        t_write = best(lambda: local.write_blob("bench", 1, "w", a), setup=drop)
         row("shm write 256 MiB, recycled file", t_write, "np.copyto warm", t_warm, n, 0.7)
         local.commit("bench", 1, None)
 

@@ -97,21 +97,24 @@ class Transport:
         return self.request("GET", "/v1/health")
 
     def _conn(self) -> Conn:
-        while True:
-            with self._lock:
-                conn = self._pool.pop() if self._pool else None
-            if conn is None:
-                return connect(self.host, self.port, self.timeout)
+        with self._lock:
+            if self._pool:
+                return self._pool.pop()
+        return connect(self.host, self.port, self.timeout)
+
+    @staticmethod
+    def _settle(conn: Conn) -> None:
+        """Read and drop the answers of requests sent on `conn` without waiting (`send_only`). Called after
+        the next request was sent, so the daemon serves both in one go (pipelined, in order)."""
+        while conn.pending:
+            _, rh = conn.read_head()
             try:
-                while conn.pending:  # the answers of requests sent without waiting: read and dropped
-                    _, rh = conn.read_head()
-                    conn.read_json(content_length(rh))
-                    conn.pending -= 1
-                    if rh.get("connection", "").lower() == "close":
-                        raise Closed
-                return conn
-            except (OSError, Closed, StoreError):
-                conn.close()
+                conn.read_json(content_length(rh))
+            except StoreError as e:
+                raise Closed(str(e)) from None
+            conn.pending -= 1
+            if rh.get("connection", "").lower() == "close":
+                raise Closed("the store closed the connection")
 
     def send_only(self, conn: Conn, method: str, path: str, payload: Any) -> None:
         """Send a request on `conn` and give the connection back without waiting for the answer (read by
@@ -178,6 +181,7 @@ class Transport:
                 except OSError as e:  # the store may have answered early and closed (507, 413, 401)
                     unsent = e
                 try:
+                    self._settle(conn)
                     status, rh = conn.read_head()
                 except (OSError, Closed):
                     if unsent is not None:

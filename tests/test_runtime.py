@@ -71,6 +71,24 @@ def test_schedule_errors_are_clear(data, message):
         parse_schedule(data)
 
 
+def test_tables_are_read_from_json_or_yaml_with_one_line_errors(tmp_path):
+    from tenplex.runtime.schedule import load_schedule
+    from tenplex.runtime.tables import TableError, read_table
+
+    (tmp_path / "t.yaml").write_text("4: {dp: 2, tp: 2}\n")
+    (tmp_path / "t.json").write_text('{"4": {"dp": 2, "tp": 2}}')
+    assert read_table(tmp_path / "t.yaml", "para-config") == {4: {"dp": 2, "tp": 2}}
+    assert parse_table(read_table(tmp_path / "t.json")) == parse_table(read_table(tmp_path / "t.yaml"))
+    (tmp_path / "bad.json").write_text("{4: ")
+    with pytest.raises(TableError, match=r"para-config .*bad\.json' is not valid JSON"):
+        read_table(tmp_path / "bad.json", "para-config")
+    with pytest.raises(TableError, match=r"cannot read table .*none\.yaml"):
+        read_table(tmp_path / "none.yaml")
+    (tmp_path / "bad.yaml").write_text("- {step: 0\n")
+    with pytest.raises(ScheduleError, match=r"schedule .*bad\.yaml' is not valid YAML"):
+        load_schedule(tmp_path / "bad.yaml")
+
+
 # -- chooser ----------------------------------------------------------------------------------------------
 
 

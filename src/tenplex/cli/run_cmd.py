@@ -39,7 +39,7 @@ def _add_job_args(p: argparse.ArgumentParser, steps: int, model: str, batch: int
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--devices-per-host", type=int, default=2)
     p.add_argument("--snapshot-every", type=int, default=5, help="asynchronous in-memory snapshot interval")
-    p.add_argument("--para-config", help="JSON table: devices -> {dp, tp, pp}, overrides the chooser")
+    p.add_argument("--para-config", help="JSON or YAML table: devices -> {dp, tp, pp}, overrides the chooser")
     p.add_argument("--quiet", action="store_true")
 
 
@@ -194,7 +194,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--global-batch", type=int, default=8)
     c.add_argument("--micro-batch", type=int, default=0)
     c.add_argument("--device-memory", type=size_arg, help="e.g. 80GiB: drop layouts that do not fit")
-    c.add_argument("--para-config", help="JSON table: devices -> {dp, tp, pp}")
+    c.add_argument("--para-config", help="JSON or YAML table: devices -> {dp, tp, pp}")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=choose_cmd)
 

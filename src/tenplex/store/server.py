@@ -218,6 +218,9 @@ class Server:
     def close(self) -> None:
         """Stop accepting and shut every open connection."""
         self.sock.close()
+        if self._spare >= 0:
+            os.close(self._spare)
+            self._spare = -1
         with self._lock:
             conns = list(self.conns)
         for c in conns:

@@ -1,0 +1,128 @@
+"""What the catalog holds: blobs, one save of a step (`Version`), and a step's own save and peers' copies
+(`Slot`), with the rule that picks the one save a read is served from. See `catalog` for the rules."""
+
+from __future__ import annotations
+
+import mmap
+import re
+import time
+from dataclasses import dataclass, field
+from math import prod
+from typing import Any
+
+from ..ptc import item_size
+from .checksum import CHUNK
+from .errors import BadRequestError
+
+ANY: Any = object()  # "whichever save this store shows for the step"
+_SAVE_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
+@dataclass(eq=False)
+class Blob:
+    """One shard blob: C-order bytes of `shape` × `dtype` in a shared-memory file."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    path: str
+    mem: mmap.mmap | bytearray
+    sealed: bool = False
+    digests: list[int] = field(default_factory=list)
+    copies: list[str] = field(default_factory=list)
+    origin: str | None = None  # for a replica: the store whose blob this copies
+    refs: int = 0  # requests serving it right now (reads, relay answers, replication pushes)
+    dead: bool = False  # deleted: its file is freed when the last holder releases it
+    mapped: bool = False  # a client writes it through its own mapping (allocate): never pooled unsealed
+
+    @property
+    def itemsize(self) -> int:
+        return item_size(self.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return prod(self.shape) * item_size(self.dtype)
+
+    def info(self, local: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name, "dtype": self.dtype, "shape": list(self.shape), "nbytes": self.nbytes,
+            "sealed": self.sealed, "copies": list(self.copies),
+        }  # fmt: skip
+        if local:  # what a same-host client needs to map and verify the blob itself
+            out.update(path=self.path, chunk=CHUNK, digests=self.digests)
+        return out
+
+    def release(self) -> None:
+        if isinstance(self.mem, mmap.mmap):
+            try:
+                self.mem.close()
+            except BufferError:  # a reader still holds a view: the mapping goes when it is done
+                pass
+
+
+@dataclass(eq=False)
+class Version:
+    """One save of a step as this store holds it: its own ranks' blobs, or (`replica_of`) a peer's copy."""
+
+    step: int
+    save_id: str | None = None
+    replica_of: str | None = None
+    blobs: dict[str, Blob] = field(default_factory=dict)
+    committed: bool = False
+    manifest: Any = None
+    created: float = field(default_factory=time.time)
+    committed_at: float = 0.0
+    replication: str = "none"  # none | pending | done | failed: <reason>
+    live: bool = True  # False once deleted or replaced: a write started for it must not land anywhere
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "step": self.step, "committed": self.committed, "blobs": len(self.blobs),
+            "nbytes": sum(b.nbytes for b in self.blobs.values()), "created": self.created,
+            "replica_of": self.replica_of, "replication": self.replication,
+            "save_id": self.save_id,  # tells this save from another attempt at the step
+        }  # fmt: skip
+
+
+@dataclass(eq=False)
+class Slot:
+    """Everything held for one (job, step): this store's own save and the copies peers pushed here."""
+
+    own: Version | None = None
+    copies: dict[str, Version] = field(default_factory=dict)  # origin URL -> its newest save copied here
+
+    def versions(self) -> list[Version]:
+        return ([self.own] if self.own is not None else []) + list(self.copies.values())
+
+    def readable(self, save_id: Any = ANY) -> list[Version]:
+        """The committed versions a read is served from, all of one save (own first).
+
+        By default the save shown is this store's own once committed (a store that writes the step itself
+        shows nothing before its own commit), else the copy committed last."""
+        if save_id is ANY:
+            if self.own is not None:
+                if not self.own.committed:
+                    return []
+                save_id = self.own.save_id
+            else:
+                done = [c for c in self.copies.values() if c.committed]
+                if not done:
+                    return []
+                save_id = max(done, key=lambda c: c.committed_at).save_id
+        return [v for v in self.versions() if v.committed and v.save_id == save_id]
+
+    def info(self) -> dict[str, Any]:
+        shown = self.readable()
+        head = shown[0] if shown else (self.own or next(iter(self.copies.values())))
+        out = head.info()
+        if len(shown) > 1:
+            out["blobs"] = sum(len(v.blobs) for v in shown)
+            out["nbytes"] = sum(b.nbytes for v in shown for b in v.blobs.values())
+        return out
+
+
+def check_save_id(value: object) -> str:
+    """A save id as a request names it: printable, URL-safe and bounded (save uses uuid4 hex)."""
+    if not isinstance(value, str) or not _SAVE_ID.fullmatch(value):
+        raise BadRequestError(f"invalid save_id {str(value)[:80]!r}: expected [A-Za-z0-9._-]{{1,128}}")
+    return value

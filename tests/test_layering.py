@@ -232,3 +232,33 @@ def f():
     assert "tenplex.ptc" in reach("tenplex.planner.assign")
     assert "tenplex.store" in reach("tenplex.transformer.load")
     assert layers()["util"] == 0 and layers()["cli"] == max(layers().values())
+
+
+def _environ_reads(source: str) -> list[str]:
+    """`TENPLEX_*` names read straight from `os.environ` / `os.getenv` in one module's source."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        key = None
+        if isinstance(node, ast.Subscript) and ast.unparse(node.value).endswith("environ"):
+            key = node.slice
+        elif isinstance(node, ast.Call) and node.args:
+            f = ast.unparse(node.func)
+            if f.endswith(("environ.get", "environ.pop", "getenv")):
+                key = node.args[0]
+        if isinstance(key, ast.Constant) and str(key.value).startswith("TENPLEX_"):
+            found.append(key.value)
+    return found
+
+
+def test_tenplex_variables_are_read_in_one_place():
+    """Every `TENPLEX_*` variable is read through `tenplex.util.env` (issue 13: one place per process)."""
+    offenders = {
+        str(p.relative_to(PACKAGE)): names
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if p != PACKAGE / "util" / "env.py" and (names := _environ_reads(p.read_text()))
+    }
+    assert offenders == {}
+    assert _environ_reads('import os\nos.environ.get("TENPLEX_X")\nos.environ["TENPLEX_Y"]') == [
+        "TENPLEX_X",
+        "TENPLEX_Y",
+    ]

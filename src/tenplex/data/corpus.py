@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ..ptc import TenplexError
+from ..util import env
 
 SEPARATOR = 0
 FORMAT_VERSION = 1
@@ -39,7 +40,7 @@ class CorpusError(TenplexError, ValueError):
 
 def cache_dir() -> Path:
     """$TENPLEX_CACHE, else ~/.cache/tenplex."""
-    return Path(os.environ.get("TENPLEX_CACHE") or Path.home() / ".cache" / "tenplex")
+    return Path(env.get(env.CACHE) or Path.home() / ".cache" / "tenplex")
 
 
 def default_sources() -> list[Path]:

@@ -31,6 +31,7 @@ from ..transformer.errors import ShapeMismatchError, StateError, UnrecoverableEr
 from ..transformer.shards import DTYPES, Staged
 from ..transformer.snapshot import choose
 from ..transformer.stores import client, resolve
+from ..util import env
 from .metadata import Stored, to_metadata
 from .writer import step_of
 
@@ -60,7 +61,7 @@ class StoreReader(StorageReader):
         self.step = None if step is None else check_step(step)
         self.url = resolve(store)
         if sources is None:
-            sources = [s for s in os.environ.get("TENPLEX_SOURCES", "").split(",") if s]
+            sources = env.url_list(env.SOURCES)
         self.sources = [resolve(s) for s in sources]
         self.group = process_group
         self.load_id = uuid.uuid4().hex

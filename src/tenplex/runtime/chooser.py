@@ -11,7 +11,6 @@ the benchmark ran on. A user table (the paper's para-config: devices -> layout) 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -22,6 +21,7 @@ from scipy.optimize import nnls
 
 from ..ptc import GPTConfig, PTCError, preset
 from ..ptc.layout import Layout, layouts
+from ..util import env
 from .tables import read_table
 
 FEATURES = ("constant", "compute", "tp_comm", "tp_calls", "dp_comm", "pp_comm", "processes")
@@ -103,13 +103,10 @@ class CostModel:
         return cls(nnls(X / y[:, None], np.ones(len(y)))[0], cores)  # relative error: each row counts alike
 
 
-CALIBRATION_ENV = "TENPLEX_CALIBRATION"
-
-
 @cache
 def calibration() -> dict:
     """The benchmark rows the model is fitted to: $TENPLEX_CALIBRATION, else the packaged measurement."""
-    path = os.environ.get(CALIBRATION_ENV)
+    path = env.get(env.CALIBRATION)
     if path:
         return read_table(path, "calibration", ChooserError)
     return json.loads(resources.files(__package__).joinpath("calibration.json").read_text())

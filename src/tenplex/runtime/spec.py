@@ -9,7 +9,6 @@ the `TENPLEX_*` variables.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -17,13 +16,8 @@ from typing import Any
 
 from ..ptc import TenplexError
 from ..ptc.layout import Layout
-
-SPEC = "TENPLEX_WORKER_SPEC"  # path of the phase's spec file
-JOB = "TENPLEX_JOB"
-STORE = "TENPLEX_STORE"  # this rank's store (its host)
-DEVICE = "TENPLEX_DEVICE"  # this rank's stable device id
-SOURCES = "TENPLEX_SOURCES"  # every store a snapshot may be in, comma-separated
-EMULATED_HOSTS = "TENPLEX_EMULATED_HOSTS"  # "1": stores of other emulated hosts are reached over sockets
+from ..util import env as tenv
+from ..util.env import DEVICE, EMULATED_HOSTS, JOB, SOURCES, SPEC, STORE
 
 
 class SpecError(TenplexError):
@@ -84,18 +78,15 @@ class WorkerSpec:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> WorkerSpec | None:
         """This rank's spec: the phase's file ($TENPLEX_WORKER_SPEC) with its placement; None without one."""
-        env = os.environ if environ is None else environ
-        if not env.get(SPEC):
-            return None
-        return cls.from_file(env[SPEC]).placed(env)
+        path = tenv.get(SPEC, environ)
+        return None if path is None else cls.from_file(path).placed(environ)
 
     def placed(self, environ: Mapping[str, str] | None = None) -> WorkerSpec:
         """This spec with the rank's placement from the environment (for a spec built from flags too)."""
-        env = os.environ if environ is None else environ
-        self.store = env.get(STORE) or self.store
-        self.device = env.get(DEVICE) or self.device
-        self.sources = [s for s in env.get(SOURCES, "").split(",") if s] or self.sources
-        self.emulated_hosts = env.get(EMULATED_HOSTS) == "1" or self.emulated_hosts
+        self.store = tenv.get(STORE, environ) or self.store
+        self.device = tenv.get(DEVICE, environ) or self.device
+        self.sources = tenv.url_list(SOURCES, environ) or self.sources
+        self.emulated_hosts = tenv.flag(EMULATED_HOSTS, environ) or self.emulated_hosts
         return self
 
     def rank_env(self, path: Path) -> dict[str, str]:
@@ -114,4 +105,4 @@ class WorkerSpec:
 
 def job_name(environ: Mapping[str, str] | None = None) -> str | None:
     """$TENPLEX_JOB: a script run without a spec may still be named from outside."""
-    return (os.environ if environ is None else environ).get(JOB)
+    return tenv.get(JOB, environ)

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from ..ptc import ITEM_SIZE, Box
-from ..util import read_token
+from ..util import env, read_token
 from .boxio import as_bytes
 from .checksum import cuts, digest
 from .errors import BadRequestError, ChecksumError, StoreError, StoreUnavailable, error_from_payload
@@ -35,15 +35,15 @@ Reader = Callable[[Conn, dict[str, str], int], T]
 
 
 def default_url() -> str:
-    return os.environ.get("TENPLEX_STORE", DEFAULT_URL)
+    return env.get(env.STORE) or DEFAULT_URL
 
 
 def default_token() -> str | None:
     """The token a client sends when given none: `TENPLEX_STORE_TOKEN`, else this user's token file (the one
     a store writes on its first start), else none."""
-    env = os.environ.get("TENPLEX_STORE_TOKEN")
-    if env:
-        return env
+    token = env.get(env.STORE_TOKEN)
+    if token:
+        return token
     try:
         return read_token(None, create=False)
     except (OSError, ValueError):

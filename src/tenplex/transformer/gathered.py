@@ -8,12 +8,12 @@ store it talks to, its device id is stable across restarts (TENPLEX_DEVICE, else
 from __future__ import annotations
 
 import hashlib
-import os
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..ptc import PTC, Box, Explicit, Mesh, Piece, PTCError, TensorMeta
+from ..util import env
 from . import world
 from .breakdown import Breakdown
 from .errors import StateError
@@ -33,7 +33,7 @@ def describe(
     store: str, shards: dict[str, LocalShard], values: dict[str, Any], group: world.Group = None
 ) -> RankShards:
     me = world.rank(group)
-    device = os.environ.get("TENPLEX_DEVICE") or f"{store}#{os.environ.get('LOCAL_RANK', me)}"
+    device = env.get(env.DEVICE) or f"{store}#{env.local_rank(me)}"
     return RankShards(me, store, device, {n: s.describe() for n, s in shards.items()}, values)
 
 

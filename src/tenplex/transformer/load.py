@@ -6,12 +6,12 @@ Orchestration only: the target's shards are gathered (`gathered`), one rank choo
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
 from ..planner import plan
 from ..ptc import PTC
+from ..util import env
 from . import world
 from .breakdown import Breakdown
 from .durable import load_durable
@@ -70,7 +70,7 @@ def load(
         wanted = merged_values(layouts)  # the value names of the whole target job
         new = build_ptc(layouts)
     if sources is None:
-        sources = [s for s in os.environ.get("TENPLEX_SOURCES", "").split(",") if s]
+        sources = env.url_list(env.SOURCES)
     urls = sorted({lay.store for lay in layouts} | {resolve(s) for s in sources}, key=lambda u: u != url)
     try:
         with bd.phase("choose"):

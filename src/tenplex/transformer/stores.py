@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import threading
 
 from ..store import StoreClient
 from ..store.client import DEFAULT_URL
+from ..util import env
 
 _clients: dict[tuple[str, bool | None], StoreClient] = {}
 _lock = threading.Lock()
@@ -14,7 +14,7 @@ _lock = threading.Lock()
 
 def resolve(store: str | None) -> str:
     """The `store=` argument, else TENPLEX_STORE, else the store on this host at the default port."""
-    return (store or os.environ.get("TENPLEX_STORE") or DEFAULT_URL).rstrip("/")
+    return (store or env.get(env.STORE) or DEFAULT_URL).rstrip("/")
 
 
 def client(url: str) -> StoreClient:
@@ -22,7 +22,7 @@ def client(url: str) -> StoreClient:
     on this machine, so that traffic between emulated hosts takes the network path; the own store still
     uses shared memory."""
     own = url == resolve(None)
-    local = None if own or os.environ.get("TENPLEX_EMULATED_HOSTS") != "1" else False
+    local = None if own or not env.flag(env.EMULATED_HOSTS) else False
     key = (url, local)
     with _lock:
         c = _clients.get(key)

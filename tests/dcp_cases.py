@@ -151,7 +151,8 @@ def main() -> None:
             out["cases"] = cases
 
             try:
-                dcp.load(state(target(three), 0), storage_reader=StoreReader("never"), process_group=three)
+                dcp.load(state(target(three), 0), storage_reader=StoreReader("never", process_group=three),
+                         process_group=three)  # fmt: skip
                 out["missing"] = "loaded"
             except CheckpointException as e:
                 out["missing"] = sorted({type(exc).__name__ for exc, _ in e.failures.values()})

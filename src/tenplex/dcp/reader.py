@@ -68,6 +68,7 @@ class StoreReader(StorageReader):
         self.storage: dict[Any, Stored] = {}
         self._chosen: tuple[int, dict, PTC] | None = None
         self._error: BaseException | None = None
+        self._peers: set[str] = set()  # the stores of the other ranks of the load
         self.relayed = 0  # ranges the last load took through this host's relay (fetched once per host)
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
@@ -82,13 +83,18 @@ class StoreReader(StorageReader):
         return None if self._chosen is None else self._chosen[0]
 
     def _urls(self) -> list[str]:
-        return sorted({self.url, *self.sources}, key=lambda u: u != self.url)
+        return sorted({self.url, *self.sources, *self._peers}, key=lambda u: u != self.url)
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        """The chosen snapshot as DCP metadata. Failing to find one is reported from
-        `set_up_storage_reader`, which DCP lets raise as it is (it would swallow the error here)."""
-        try:
-            snap = choose(self.job, self.step, self._urls(), check=False)  # lost ones: global plan
+        """The chosen snapshot as DCP metadata: every rank's store is searched (a rank on a new host finds
+        the snapshot on the others'), and rank 0 chooses for all (DCP calls this on every rank, so the two
+        collectives over `process_group` are safe; a `no_dist` load inside a distributed job is not).
+        Failing to find one is reported from `set_up_storage_reader`, which DCP lets raise as it is (it
+        would swallow the error here)."""
+        if world.active() and world.size(self.group) > 1:
+            self._peers = set(world.all_gather(self.url, self.group))
+        try:  # lost stores are handled in the global plan
+            snap = world.decide(lambda: choose(self.job, self.step, self._urls(), check=False), self.group)
         except StateError as e:
             self._error = e
             return Metadata(state_dict_metadata={})

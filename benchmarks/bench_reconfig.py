@@ -21,8 +21,9 @@ TENPLEX_EMULATED_HOSTS=1), one 4-rank gloo world measures in the same run on the
 Before the timed cases an untimed warm-up runs the whole sequence once on a tiny model, with 1 and 2 hosts.
 `--repeat N` runs each case N times (fresh job each time) and keeps the best repetition per measurement.
 
-Ratios: `x_dcp_disk` = DCP disk (save + warm load) / tenplex (save + load), likewise `x_dcp_shm` and
-`x_central` (> 1: tenplex is faster); `x_floor` = tenplex / floor (>= 1; 1 would be at the floor).
+Ratios: `x_dcp_disk` = DCP disk (save + warm load) / tenplex (save + load), likewise `x_dcp_shm`,
+`x_dcp_tenplex` (DCP's planner on tenplex's stores, through tenplex.dcp) and `x_central` (> 1: tenplex is
+faster); `x_floor` = tenplex / floor (>= 1; 1 would be at the floor).
 
     python benchmarks/bench_reconfig.py                # ~1.2 GB of state, 2 repetitions: about 7-8 minutes
     python benchmarks/bench_reconfig.py --repeat 1     # about 4 minutes
@@ -320,7 +321,7 @@ def summarise(ranks: list[dict], mem_bw: float, sock_bw: float, shaped_bw: float
             x_cross_bound=load / (busiest / shaped_bw) if busiest else None,
             nic={h: {"load": nic.get(h), "central": nic_c.get(h)} for h in sorted(set(nic) | set(nic_c))},
         )
-    for kind in ("dcp_disk", "dcp_shm"):
+    for kind in ("dcp_disk", "dcp_shm", "dcp_tenplex"):
         if not any(kind in r for r in per_rank):
             continue
         s, ld = slowest(reps, kind, "save"), slowest(reps, kind, "load")
@@ -476,14 +477,14 @@ def main() -> None:
         f"reconfiguration, {cfg.param_count() / 1e6:.0f}M-param GPT + AdamW (times: slowest rank)",
         rows,
         ["change", "src", "dst", "hosts", "save_s", "load_s", "total_s", "kept_GB", "same_host_GB",
-         "relayed_GB", "cross_GB", "cross_lb_GB", "x_dcp_disk", "x_dcp_disk_cold", "x_dcp_shm", "x_central",
-         "x_floor"],
+         "relayed_GB", "cross_GB", "cross_lb_GB", "x_dcp_disk", "x_dcp_disk_cold", "x_dcp_shm",
+         "x_dcp_tenplex", "x_central", "x_floor"],
     )  # fmt: skip
     print_rows(
         "baselines (s)",
         rows,
         ["change", "hosts", "dcp_disk_save_s", "dcp_disk_load_s", "dcp_disk_load_cold_s", "dcp_shm_save_s",
-         "dcp_shm_load_s", "central_load_s", "floor_s"],
+         "dcp_shm_load_s", "dcp_tenplex_save_s", "dcp_tenplex_load_s", "central_load_s", "floor_s"],
     )  # fmt: skip
     print_breakdown(rows)
     if args.network == "netns":

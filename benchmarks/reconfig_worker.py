@@ -5,6 +5,7 @@ DTensors in the source layout, plus plain values), then times, between barriers:
 
 - tenplex: `save` into its host's store, `load` into the target layout, `load(central=True)`;
 - PyTorch DCP: `dcp.save` -> `dcp.load` through a local-disk directory (fsync'd) and through /dev/shm.
+- `dcp_tenplex`: DCP's planner on tenplex's stores (`tenplex.dcp.StoreWriter` / `StoreReader`).
 
 Every load is checked element for element against the values the source was built from. Meshes are built
 without communicators and DTensors from local chunks, so nothing but tenplex and DCP communicates.
@@ -202,6 +203,20 @@ def run_dcp(src, dst, root: Path, ga, gb, in_a: bool, in_b: bool, disk: bool, ra
     return out
 
 
+def run_dcp_tenplex(src, dst, job: str, ga, gb, in_a: bool, in_b: bool, rank: int) -> dict:
+    """DCP's planner on tenplex's stores: dcp.save through StoreWriter, dcp.load through StoreReader."""
+    from tenplex.dcp import StoreReader, StoreWriter
+
+    out: dict = {}
+    out["save"], _ = timed(lambda: dcp.save(src, storage_writer=StoreWriter(job, 1), process_group=ga), in_a)
+    zero_b(dst, in_b)
+    reader = StoreReader(job, process_group=gb)
+    out["load"], _ = timed(lambda: dcp.load(dst, storage_reader=reader, process_group=gb), in_b)
+    out["bad"] = check(dst) if in_b else []
+    dist.barrier()
+    return out
+
+
 def zero_b(dst: dict | None, in_b: bool) -> None:
     if in_b:
         zero(dst)
@@ -240,11 +255,14 @@ def run_case(case: dict, cfg: GPTConfig, groups: dict, rank: int, stores: dict, 
     if info_c is not None:
         res["central_bytes"] = info_c.bytes
         res["bad_central"] = check(dst)
+    if case.get("dcp", True):
+        res["dcp_tenplex"] = run_dcp_tenplex(src, dst, f"{job}-dcp", ga, gb, in_a, in_b, rank)
     dist.barrier()
     if rank == 0:
         for url in sorted(set(stores.get("rank_stores", [])) | {stores["a"], stores["b"]}):
-            if job in StoreClient(url).jobs():
-                StoreClient(url).delete_job(job)
+            for j in (job, f"{job}-dcp"):
+                if j in StoreClient(url).jobs():
+                    StoreClient(url).delete_job(j)
     if case.get("dcp", True):
         res["dcp_disk"] = run_dcp(src, dst, dirs["disk"], ga, gb, in_a, in_b, True, rank)
         res["dcp_shm"] = run_dcp(src, dst, dirs["shm"], ga, gb, in_a, in_b, False, rank)

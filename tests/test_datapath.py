@@ -205,3 +205,35 @@ def test_cuda_state_is_staged_through_reused_pinned_buffers_before_the_next_kern
     assert pool.allocated == 8 and sorted(b.data_ptr() for b in again.buffers.values()) == ptrs
     assert all(np.array_equal(again.array(k), np.zeros((1024, 1024), np.float32)) for k in ts)
     again.release()
+
+
+def test_many_blobs_are_written_with_one_allocate_and_one_seal_request_all_or_none():
+    from tenplex.store import BadRequestError, NotFoundError
+
+    with start_store(memory_limit="8MiB") as sp:
+        c = sp.client()
+        items = [(f"t{i}", np.full((i, 3), i, np.float32), None) for i in range(40)]
+        items.append(("bf", np.arange(6, dtype=np.uint16), "bfloat16"))
+        assert c.is_local  # asked once (a health request), before counting
+        before = c.stats()["requests"]
+        c.write_blobs("j", 1, items)
+        assert c.stats()["requests"] - before == 3  # allocate, seal, and this stats call
+        c.commit("j", 1, None)
+        assert {b["name"]: b["dtype"] for b in c.blobs("j", 1)}["bf"] == "bfloat16"
+        for name, a, _ in items:
+            out = np.empty_like(a)
+            c.read_box("j", 1, name, Box.full(a.shape), out)
+            assert np.array_equal(out, a)
+        used = c.stats()["memory_used"]
+        too_big = [("a", np.zeros(MiB, np.float32), None), ("b", np.zeros(2 * MiB, np.float32), None)]
+        with pytest.raises(MemoryLimitError):  # the second does not fit: the first is not kept either
+            c.write_blobs("j", 2, too_big)
+        assert c.stats()["memory_used"] == used
+        with pytest.raises(BadRequestError, match="named twice"):
+            c.write_blobs("j", 2, [("x", np.zeros(1), None), ("x", np.zeros(1), None)])
+        c.request("POST", "/v1/jobs/j/versions/3/allocate", {"blobs": [{"name": "s", "dtype": "float32",
+                                                                         "shape": [4]}]})  # fmt: skip
+        with pytest.raises(BadRequestError, match="digests of 's'"):  # checked before any blob is sealed
+            c.request("POST", "/v1/jobs/j/versions/3/seal", {"blobs": [{"name": "s", "digests": [1, 2]}]})
+        with pytest.raises(NotFoundError):
+            c.request("POST", "/v1/jobs/j/versions/3/seal", {"blobs": [{"name": "nope", "digests": [0]}]})

@@ -527,6 +527,7 @@ PROTOCOL_V1 = {
     ("post", V), ("delete", V), ("post", f"{V}/commit"), ("get", f"{V}/manifest"), ("get", f"{V}/blobs"),
     ("get", f"{V}/blobs/{{name}}"), ("put", f"{V}/blobs/{{name}}"), ("post", f"{V}/blobs/{{name}}/allocate"),
     ("post", f"{V}/blobs/{{name}}/seal"), ("post", f"{V}/read"), ("post", f"{V}/locate"),
+    ("post", f"{V}/allocate"), ("post", f"{V}/seal"),
     ("post", "/v1/release"), ("post", "/v1/relay"), ("post", "/v1/relay/drop"), ("post", "/v1/peers"),
     ("post", "/v1/hello"),
     ("get", "/v1/datasets"),

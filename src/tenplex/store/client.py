@@ -37,6 +37,7 @@ from .transport import DEFAULT_PORT, DEFAULT_URL, into
 __all__ = ["DEFAULT_PORT", "DEFAULT_URL", "StoreClient", "read_many"]
 
 BoxRequest = tuple[str, Box, np.ndarray]  # (blob name, box, out)
+MAX_BATCH = 4096  # blobs in one allocate or seal request (the daemon's MAX_BOXES)
 
 
 class StoreClient(DatasetClient):
@@ -173,15 +174,39 @@ class StoreClient(DatasetClient):
         src = array if array.flags.c_contiguous else array.copy(order="C")
         if self.is_local:
             dst = self.allocate_blob(job, step, name, dt, src.shape, save_id)
-            flat_src, flat_dst = as_bytes(src), as_bytes(dst)
-            digests = []
-            for i in range(0, len(flat_src), CHUNK):  # copy and hash chunk by chunk while it is in cache
-                flat_dst[i : i + CHUNK] = flat_src[i : i + CHUNK]
-                digests.append(digest(flat_dst[i : i + CHUNK]))
-            self._seal(job, step, name, digests)
+            self._seal(job, step, name, _copy_hashed(as_bytes(src), as_bytes(dst)))
             return
         pieces = chunks(as_bytes(src))
         self.put_raw(job, step, name, dt, src.shape, pieces, [digest(p) for p in pieces], save_id=save_id)
+
+    def write_blobs(
+        self,
+        job: str,
+        step: int,
+        items: Sequence[tuple[str, np.ndarray, str | None]],
+        save_id: str | None = None,
+    ) -> None:
+        """`write_blob` for many (name, array, dtype) at once: on this host one allocate and one seal
+        request for all of them (a request costs ~0.3 ms, the copy of a small tensor far less), each blob
+        copied and checksummed chunk by chunk in one pass; over the network one PUT each."""
+        if not self.is_local:
+            for name, array, dtype in items:
+                self.write_blob(job, step, name, array, dtype, save_id)
+            return
+        for start in range(0, len(items), MAX_BATCH):
+            part = items[start : start + MAX_BATCH]
+            srcs = [a if a.flags.c_contiguous else a.copy(order="C") for _, a, _ in part]
+            specs = [{"name": check_name(n), "dtype": dtype_name_of(a, dt), "shape": list(a.shape)}
+                     for (n, a, dt) in part]  # fmt: skip
+            payload: dict[str, Any] = {"blobs": specs}
+            if save_id is not None:
+                payload["save_id"] = save_id
+            infos = self.request("POST", f"{self._vpath(job, step)}/allocate", payload)["blobs"]
+            sealed = []
+            for spec, info, src in zip(specs, infos, srcs, strict=True):
+                dst = self._map(info, writable=True)
+                sealed.append({"name": spec["name"], "digests": _copy_hashed(as_bytes(src), dst)})
+            self.request("POST", f"{self._vpath(job, step)}/seal", {"blobs": sealed})
 
     def put_raw(
         self,
@@ -359,3 +384,12 @@ def read_many(
     for e in errors:
         if e is not None:
             raise e
+
+
+def _copy_hashed(src: memoryview, dst: memoryview) -> list[int]:
+    """Copy `src` into `dst` and hash it chunk by chunk while it is in cache: the blob's checksums."""
+    digests = []
+    for i in range(0, len(src), CHUNK):
+        dst[i : i + CHUNK] = src[i : i + CHUNK]
+        digests.append(digest(dst[i : i + CHUNK]))
+    return digests

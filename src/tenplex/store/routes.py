@@ -217,6 +217,58 @@ def _seal(d: Daemon, req: Request) -> dict[str, Any]:
     return {"name": name, "nbytes": blob.nbytes}
 
 
+@route("POST", _V + r"/allocate")
+def _allocate_many(d: Daemon, req: Request) -> dict[str, Any]:
+    """Allocate many blobs in shared memory in one request (a rank's whole snapshot: one round trip, not
+    one per tensor); all or none."""
+    job, step, body = req.job(), req.step(), req.json()
+    items = _batch(body, '"name", "dtype", "shape"')
+    specs = [(check_name(i.get("name")), check_dtype(i.get("dtype")), check_shape(i.get("shape")))
+             for i in items]  # fmt: skip
+    if len({n for n, _, _ in specs}) != len(specs):
+        raise BadRequestError("a blob is named twice")
+    v = d.catalog.writable(job, step, _save_id(body.get("save_id")))
+    made: list[Blob] = []
+    try:
+        for name, dtype, shape in specs:
+            made.append(d.catalog.new_blob(name, dtype, shape))
+            made[-1].mapped = True  # as in _allocate: dropped unsealed, its file is unlinked, never pooled
+    except BaseException:
+        for blob in made:
+            d.catalog.drop(blob)
+        raise
+    for blob in made:
+        d.catalog.put(v, blob)
+    return {"blobs": [{"name": b.name, "path": b.path, "nbytes": b.nbytes} for b in made]}
+
+
+@route("POST", _V + r"/seal")
+def _seal_many(d: Daemon, req: Request) -> dict[str, Any]:
+    """Declare many allocated blobs written, with their checksums; every one is checked before any is
+    sealed."""
+    job, step, body = req.job(), req.step(), req.json()
+    items = _batch(body, '"name", "digests"')
+    checked = []
+    for item in items:
+        blob = d.catalog.pending_blob(job, step, check_name(item.get("name")))
+        digests, n_chunks = item.get("digests"), -(-blob.nbytes // CHUNK)
+        if not (isinstance(digests, list) and len(digests) == n_chunks
+                and all(type(x) is int and 0 <= x < 2**64 for x in digests)):  # fmt: skip
+            raise BadRequestError(f"digests of {blob.name!r} must be {n_chunks} unsigned 64-bit integers")
+        checked.append((blob, digests))
+    with d.catalog.lock:
+        for blob, digests in checked:
+            blob.digests, blob.sealed = digests, True
+    return {"sealed": len(checked)}
+
+
+def _batch(body: dict[str, Any], fields: str) -> list[dict[str, Any]]:
+    items = body.get("blobs")
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items) or len(items) > MAX_BOXES:
+        raise BadRequestError(f'expected {{"blobs": [{{{fields}}}, ...]}} with at most {MAX_BOXES} blobs')
+    return items
+
+
 def _boxes(d: Daemon, job: str, step: int, body: dict[str, Any]) -> list[tuple[Blob, Box]]:
     """The (blob, box) pairs of a read, the blobs held (`release` them once served)."""
     items = body.get("boxes")

@@ -124,8 +124,8 @@ def save(
             with bd.phase("create"):
                 own.create_version(job, step)
             with bd.phase("copy"):
-                for name in sorted(mine):
-                    own.write_blob(job, step, blob_name(me, name), host.array(name), shards[name].dtype)
+                items = [(blob_name(me, n), host.array(n), shards[n].dtype) for n in sorted(mine)]
+                own.write_blobs(job, step, items)
         finally:
             host.release()
 

@@ -238,6 +238,11 @@ TABLES: dict[str, Table] = {
             "dcp_shm_load_s central_load_s floor_s"
         ),
     ),
+    "reconfig-dcp": Table(
+        "bench_reconfig.json",
+        RECONFIG,
+        plain("change hosts total_s dcp_tenplex_save_s dcp_tenplex_load_s x_dcp_tenplex dcp_shm_load_s"),
+    ),
     "reconfig-netns": Table(
         "bench_reconfig_netns.json",
         f"sudo -E {RECONFIG} --network netns",

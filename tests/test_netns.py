@@ -217,3 +217,16 @@ def test_latency_needs_netem_and_says_so_where_the_kernel_lacks_it(prefix):
         else:
             qdiscs = net.run("h0", ["tc", "qdisc", "show", "dev", netns.NIC]).stdout
             assert "netem" in qdiscs and "delay 2ms" in qdiscs, qdiscs
+
+
+def test_a_host_added_after_a_failure_gets_a_new_address_and_the_dead_one_is_unreachable_at_once(prefix):
+    with Network(prefix) as net:
+        net.add_host("h0")
+        dead = net.add_host("h1").addr
+        net.kill_host("h1")
+        h2 = net.add_host("h2")
+        assert h2.addr != dead
+        probe = f"import socket; socket.create_connection(('{dead}', 9), timeout=10)"
+        out = net.run("h0", [sys.executable, "-c", probe])
+        assert out.returncode != 0 and ("unreachable" in out.stderr or "No route" in out.stderr), out.stderr
+        transfer(net, "h0", "h2", 1 << 20)

@@ -1,5 +1,9 @@
 """Elastic jobs across namespace hosts: every host its own network, address, store and agent or ranks.
 
+`tenplex run --network netns`: a scale-out, a redeploy, a host failure recovered from store replicas and a
+partition, against a static run of the same steps (losses within the fp32 drift of a layout change), every
+sample exactly once, nothing of the run's network left afterwards.
+
 torchrun: two agents, each in its own namespace host with its own store bound to the host's address
 (token), c10d rendezvous hosted on host A's address, gloo over the hosts' interfaces. A trains alone,
 B joins (world 4), B leaves (world 2); every start loads the newest snapshot, across the hosts' link.
@@ -9,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from subprocess import DEVNULL
@@ -99,3 +104,59 @@ def test_torchrun_agents_in_namespace_hosts_join_and_leave(net: Network, tmp_pat
         for r in s["steps"]:
             ref = first.setdefault(r["step"], r["loss"])
             assert abs(r["loss"] - ref) < 1e-2, (r["step"], r["layout"], r["loss"], ref)
+
+
+# No periodic snapshots: the only ones in memory are the reconfigurations' saves, so which one each
+# recovery loads, and from where, is known.
+NETNS_SCHEDULE = [
+    {"step": 0, "devices": 2},  # h0
+    {"step": 4, "devices": 4},  # scale-out onto h1; the save at step 4 is all on h0's store (+ a replica)
+    {"step": 6, "fail_hosts": ["h0"]},  # recovery on h1 from step 4: only h0's replica on h1 has it
+    {"step": 10, "redeploy": True},  # onto h2
+    {"step": 14, "devices": 4},  # h2 and the first unused host left, h1
+    {"step": 18, "partition": ["h1"]},  # cut off: detected, dropped, the job goes on on h2 from step 14
+]
+
+
+def tenplex_cli(*args: str, timeout: float = 420) -> str:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-m", "tenplex.cli.main", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    return done.stdout
+
+
+def test_tenplex_run_on_namespace_hosts_scales_redeploys_survives_a_host_and_a_partition(tmp_path):
+    from tenplex.runtime.demo import LOSS_TOLERANCE
+
+    (tmp_path / "elastic.json").write_text(json.dumps(NETNS_SCHEDULE))
+    (tmp_path / "static.json").write_text(json.dumps([{"step": 0, "devices": 1}]))
+    common = ["--steps", "22", "--global-batch", "8", "--snapshot-every", "0", "--quiet"]
+    run_dir = tmp_path / "elastic"
+    net = ["--network", "netns", "--nic-gbps", "1", "--replicas", "1"]
+    tenplex_cli("run", "--schedule", str(tmp_path / "elastic.json"), "--run-dir", str(run_dir),
+                "--job", "nsjob", *net, *common)  # fmt: skip
+    assert netns.namespaces(netns.prefix_for(str(run_dir.resolve()))) == []
+    tenplex_cli("run", "--schedule", str(tmp_path / "static.json"), "--run-dir", str(tmp_path / "static"),
+                "--job", "static", *common)  # fmt: skip
+    s = json.loads((run_dir / "summary.json").read_text())
+    ref = json.loads((tmp_path / "static" / "summary.json").read_text())
+    assert s["steps"] == 22 and s["ledger"]["ok"], s["ledger"]
+    diff = max(abs(s["losses"][k] - ref["losses"][k]) for k in ref["losses"])
+    assert len(s["losses"]) == len(ref["losses"]) and diff <= LOSS_TOLERANCE, diff
+    recs = [json.loads(line) for line in (run_dir / "timeline.jsonl").read_text().splitlines()]
+    kinds = [r["kind"] for r in recs]
+    assert "fail" in kinds and "partition" in kinds and "heal" in kinds
+    detected = next(r for r in recs if r["kind"] == "partition_detected")
+    assert detected["hosts"] == ["h1"] and max(detected["seconds"].values()) < 15
+    assert [r["step"] for r in recs if r["kind"] == "recover"] == [4, 14]
+    loads = [r for r in recs if r["kind"] == "worker" and r.get("event") == "loaded"]
+    # the recovery's load of step 4: h0, which held all of it, is dead; h1's replica served it, not DCP
+    assert [r["step"] for r in loads][:2] == [4, 4] and loads[1]["source"] == "memory"
+    assert all(r["source"] == "memory" for r in s["reconfigurations"]), s["reconfigurations"]
+    # every host's address and traffic: h1 took its part of the scale-out over its link
+    hosts = s["hosts"]
+    assert {"h0", "h1", "h2"} <= set(hosts) and hosts["h0"]["failed"]
+    assert len({h["addr"] for h in hosts.values()}) == len(hosts)
+    assert hosts["h1"]["bytes_in"] > 100_000 and hosts["h1"]["cut_off"]
+    assert not any(e["kind"] == "persist_failed" for e in recs)

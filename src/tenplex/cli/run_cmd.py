@@ -43,6 +43,18 @@ def _add_job_args(p: argparse.ArgumentParser, steps: int, model: str, batch: int
     p.add_argument("--quiet", action="store_true")
 
 
+def _add_network_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--network",
+        choices=("loopback", "netns"),
+        default="loopback",
+        help="emulated hosts as loopback stores or network namespaces (root; docs/netns.md)",
+    )
+    p.add_argument("--nic-gbps", type=float, help="netns: each host's NIC, each way (default: unshaped)")
+    p.add_argument("--nic-latency-ms", type=float, help="netns: added latency per host link (needs netem)")
+    p.add_argument("--replicas", type=int, default=0, help="netns: copies of each snapshot on the next hosts")
+
+
 def _script(text: str | None) -> list[str] | None:
     """`train.py --lr 0.1` -> the script (checked to exist) and its arguments."""
     if not text:
@@ -77,7 +89,13 @@ def run(args: argparse.Namespace) -> int:
         table=_table(args.para_config),
         quiet=args.quiet,
         script=_script(args.script),
+        network=args.network,
+        nic_gbps=args.nic_gbps,
+        nic_latency_ms=args.nic_latency_ms,
+        replicas=args.replicas,
     )
+    if args.network == "netns" and args.keep_stores:
+        raise PTCError("--keep-stores needs loopback hosts: a namespace run removes its hosts when it ends")
     controller = Controller(cfg)
     try:
         controller.run()  # an exception or a kill leaves the stores up, so that a rerun resumes
@@ -164,7 +182,7 @@ def demo(args: argparse.Namespace) -> int:
     from ..runtime.demo import run_demo
 
     started = time.time()
-    ok = run_demo(Path(args.run_dir), model=args.model, steps=args.steps, quiet=args.quiet)
+    ok = run_demo(Path(args.run_dir), args.model, args.steps, args.quiet, args.network)
     print(f"demo finished in {time.time() - started:.0f} s")
     return 0 if ok else 1
 
@@ -186,6 +204,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--run-dir", help="where the timeline, plot and stores' state go (default runs/JOB)")
     _add_job_args(p, steps=50, model="tiny", batch=8)
+    _add_network_args(p)
     p.set_defaults(func=run)
 
     c = sub.add_parser("choose", help="rank the (dp, tp, pp) layouts of a model on N devices")
@@ -203,4 +222,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--model", default="tiny")
     d.add_argument("--steps", type=int, default=60)
     d.add_argument("--quiet", action="store_true")
+    d.add_argument("--network", choices=("loopback", "netns"), default="loopback",
+                   help="the elastic run's hosts as network namespaces (root)")  # fmt: skip
     d.set_defaults(func=demo)

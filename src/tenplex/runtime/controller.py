@@ -55,20 +55,31 @@ class RunConfig:
     persist: bool = True  # write a DCP snapshot at every reconfiguration (the durable tier)
     quiet: bool = False
     script: list[str] | None = None  # a training script using `ElasticJob`, with its arguments
+    network: str = "loopback"  # or "netns": every host a network namespace (see runtime/netns_hosts.py)
+    nic_gbps: float | None = None  # netns: each host's NIC, each way (None: unshaped)
+    nic_latency_ms: float | None = None
+    replicas: int = 0  # netns: copies of each snapshot blob on the next hosts' stores
 
 
 class Controller:
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
-        self.hosts = EmulatedHosts(cfg.run_dir, cfg.devices_per_host)
+        if cfg.network == "netns":
+            from .netns_hosts import NamespaceHosts, NamespaceLauncher
+
+            self.hosts: EmulatedHosts = NamespaceHosts(cfg.run_dir, cfg.devices_per_host, cfg.nic_gbps,
+                                                       cfg.nic_latency_ms, cfg.replicas)  # fmt: skip
+        else:
+            self.hosts = EmulatedHosts(cfg.run_dir, cfg.devices_per_host)
         self.timeline = Records(cfg.run_dir / "timeline.jsonl")
         self.live = LiveView(cfg.steps, quiet=cfg.quiet)
         self.started = time.time()
         self.durable: str | None = None
         self.forced: Layout | None = None
         pool_size = min(MAX_STANDBY, max([e.devices or 0 for e in cfg.schedule] + [1]))
-        self.launcher = Launcher(cfg.run_dir, self.hosts, pool_size)
+        make = NamespaceLauncher if cfg.network == "netns" else Launcher
+        self.launcher = make(cfg.run_dir, self.hosts, pool_size)
         self.monitor = Monitor(self.timeline, self.live, self.hosts, self.launcher, self._on_record)
         self._prev: Phase | None = None
         self._persisting: threading.Thread | None = None
@@ -81,6 +92,11 @@ class Controller:
     def run(self) -> dict[str, Any]:
         try:
             return self._run()
+        except BaseException:
+            if self.cfg.network == "netns":  # nothing of the run's network outlives a failed run
+                self.launcher.close()
+                self.hosts.shutdown()
+            raise
         finally:
             self.launcher.close()
             self.monitor.reap(grace=10.0, wait=True)
@@ -140,9 +156,15 @@ class Controller:
                     phase.persist_seconds = self._persist_behind(phase, step)
             prev, index = phase, index + 1
         self._join_persist()
+        self._network()
         self.timeline.write("finish", step=step, seconds=self._elapsed(), durable=self.durable)
         self.live.close()
         return {"run_dir": str(cfg.run_dir), "steps": step, "phases": index}
+
+    def _network(self) -> None:
+        """Namespace hosts: each host's address and bytes in/out so far, into the timeline."""
+        if self.cfg.network == "netns" and self.hosts.net.hosts:  # type: ignore[attr-defined]
+            self.timeline.write("network", hosts=self.hosts.network())  # type: ignore[attr-defined]
 
     def _give_up_after(self, crashes: int, phase: Phase) -> None:
         if crashes >= MAX_CRASHES:
@@ -234,6 +256,7 @@ class Controller:
         self.live.note(f"phase {index}: {phase.label} on {on}, steps {step}..{until}")
         phase.launched = time.time()
         self.launcher.launch(phase, self._spec(phase), self.cfg.script)
+        self._network()
         self._prev = prev
         return phase
 

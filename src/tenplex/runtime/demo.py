@@ -43,15 +43,20 @@ def compare_parameters(elastic: Controller, static: Controller) -> float:
     return max(float((a[n].double() - b[n].double()).abs().max()) for n in names)
 
 
-def run_demo(run_dir: Path, model: str = "tiny", steps: int = 60, quiet: bool = False) -> bool:
+def run_demo(
+    run_dir: Path, model: str = "tiny", steps: int = 60, quiet: bool = False, network: str = "loopback"
+) -> bool:
+    """With `network="netns"` the elastic run's hosts are network namespaces (the static run stays on
+    loopback, in the controller's namespace)."""
     if run_dir.exists():
         shutil.rmtree(run_dir)
     train = TrainConfig(
         model=model, global_batch=12, micro_batch=0, seed=0, lr=3e-3, warmup=5, steps=steps, device="cpu"
     )
     elastic = RunConfig(
-        train, parse_schedule(SCHEDULE), steps, run_dir / "elastic", job="demo", snapshot_every=5, quiet=quiet
-    )
+        train, parse_schedule(SCHEDULE), steps, run_dir / "elastic", job="demo", snapshot_every=5,
+        quiet=quiet, network=network,
+    )  # fmt: skip
     static = RunConfig(
         train,
         parse_schedule([{"step": 0, "devices": 1}]),
@@ -62,7 +67,8 @@ def run_demo(run_dir: Path, model: str = "tiny", steps: int = 60, quiet: bool = 
         persist=False,
         quiet=True,
     )
-    print("tenplex demo: elastic run (dp, tp and pp changes, a redeploy, a failure)")
+    on = " on namespace hosts" if network == "netns" else ""
+    print(f"tenplex demo: elastic run (dp, tp and pp changes, a redeploy, a failure){on}")
     ctl, ref = Controller(elastic), Controller(static)
     try:
         ctl.run()
@@ -70,8 +76,8 @@ def run_demo(run_dir: Path, model: str = "tiny", steps: int = 60, quiet: bool = 
         ref.run()
         params = compare_parameters(ctl, ref)
     finally:
+        ref.hosts.shutdown()  # first: with namespace hosts, its stores run in the elastic run's namespace
         ctl.hosts.shutdown()
-        ref.hosts.shutdown()
     reference = losses(timeline(static.run_dir))
     s = summary(elastic.run_dir, reference, LOSS_TOLERANCE)
     s["static"]["max_param_diff"] = params

@@ -34,16 +34,20 @@ class Launcher:
     def launch(self, phase: Phase, spec: WorkerSpec, script: list[str] | None) -> None:
         """Write the phase's spec and start its ranks, rank r on `phase.devices[r]`."""
         path = spec.to_file(phase.dir / "spec.json")
-        port = free_port()
+        addr, port = self.master(phase)
         stores = self.hosts.store_urls(list(dict.fromkeys(host_of(d) for d in phase.devices)))
         sources = [s["url"] for s in self.hosts.stores.values()]  # a snapshot may be in any of them
         for rank, device in enumerate(phase.devices):
             host = host_of(device)
             placed = replace(spec, store=stores[host], device=device, sources=sources, emulated_hosts=True)
-            env = rank_env(rank, len(phase.devices), port, local_rank=device.rsplit("d", 1)[1])
+            env = rank_env(rank, len(phase.devices), port, addr, local_rank=device.rsplit("d", 1)[1])
             env.update(placed.rank_env(path))
             phase.procs.append(self.start_rank(host, env, phase.dir / f"rank{rank}.log", script))
         log.debug("phase %d: %d ranks started", phase.index, len(phase.devices))
+
+    def master(self, phase: Phase) -> tuple[str, int]:
+        """Where the phase's rank 0 serves its process group's rendezvous."""
+        return "127.0.0.1", free_port()
 
     def start_rank(self, host: str, env: dict[str, str], out: Path, script: list[str] | None) -> Role:
         """One rank on `host` with `env`, its output to `out`: the reference rank, or `script`."""

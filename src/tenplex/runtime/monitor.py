@@ -21,6 +21,7 @@ log = logs.get("runtime")
 # before they are killed: their collectives are broken, they cannot go on. Part of a failure's downtime.
 KILL_AFTER_FAILURE_S = 0.5
 POLL_S = 0.05  # how often the ranks' records and exit codes are looked at
+PROBE_EVERY_S = 0.5  # how often a cut-off host's store is asked whether it answers
 
 
 class Monitor:
@@ -35,6 +36,8 @@ class Monitor:
         self.timeline, self.live, self.hosts, self.launcher = timeline, live, hosts, launcher
         self.on_record = on_record
         self.exiting: list[tuple[Role, float]] = []  # finished phases' ranks tearing down, since
+        self.cut: dict[str, float] = {}  # partitioned hosts not yet detected, since
+        self._probed = 0.0
 
     def watch(self, phase: Phase, by_step: list[Event], stop_at: float | None, overlap_exit: bool) -> None:
         """Follow the ranks until they exit; fire the failures of `by_step` due in this phase (and take them
@@ -50,7 +53,9 @@ class Monitor:
                     self.fail(phase, e)
             if stop_at is not None and time.time() >= stop_at:
                 (phase.dir / "stop").touch()
-            codes = [p.poll() for p in phase.procs]
+            if self.cut and phase.failed_at is None and time.time() - self._probed > PROBE_EVERY_S:
+                self.detect(phase)
+            codes = [p.poll() for i, p in enumerate(phase.procs) if i not in phase.detached]
             if all(c is not None for c in codes):
                 break
             if phase.done and phase.failed_at is None and overlap_exit:
@@ -60,17 +65,20 @@ class Monitor:
             if phase.failed_at is None and any(c not in (None, 0) for c in codes):
                 self.crashed(phase)  # a rank died on its own: the rest cannot go on
             if phase.failed_at is not None and time.time() - phase.failed_at > KILL_AFTER_FAILURE_S:
-                for p in phase.procs:
-                    if p.poll() is None:
+                for i, p in enumerate(phase.procs):
+                    if p.poll() is None and i not in phase.detached:
                         p.kill()
             time.sleep(POLL_S)
         phase.ended = time.time()
         self.take_records(phase)  # what the ranks wrote just before exiting
         if phase.failed_at is None and any(p.poll() not in (None, 0) for p in phase.procs):
             self.crashed(phase)  # every rank ended before a poll saw one of them die
-        for role in phase.procs:
-            self.launcher.release(role)  # ranks that ended well take ranks of the next phase
+        for i, role in enumerate(phase.procs):
+            if i not in phase.detached:
+                self.launcher.release(role)  # ranks that ended well take ranks of the next phase
         self.reap()
+        if phase.detached:
+            self.heal(phase)
 
     def take_records(self, phase: Phase) -> None:
         """New records of the ranks: into the phase, the timeline and the live view."""
@@ -95,7 +103,10 @@ class Monitor:
         log.warning("phase %d: ranks %s crashed at step %d", phase.index, phase.killed, phase.last_step)
 
     def fail(self, phase: Phase, e: Event) -> None:
-        """Inject the failure `e`: kill its ranks, and its hosts with their stores."""
+        """Inject the failure `e`: kill its ranks, and its hosts with their stores (or cut hosts off)."""
+        if e.partition:
+            self.partition(phase, e)
+            return
         ranks = [r for r in e.fail if r < len(phase.procs)]
         hosts = set(e.fail_hosts) & {host_of(d) for d in phase.devices}
         ranks += [r for r, d in enumerate(phase.devices) if host_of(d) in hosts and r not in ranks]
@@ -120,6 +131,44 @@ class Monitor:
             f"FAILURE at step {phase.last_step}: killed ranks {ranks}"
             + (f" and hosts {sorted(hosts)}" if hosts else "")
         )
+
+    def partition(self, phase: Phase, e: Event) -> None:
+        """Cut the event's hosts off (namespace hosts only); nothing is killed, the job has to notice."""
+        hosts = sorted(set(e.partition) & {host_of(d) for d in phase.devices})
+        if not hosts or not hasattr(self.hosts, "partition"):
+            why = "no such host in the running job" if hosts == [] else "needs --network netns"
+            self.timeline.write("fail_skipped", phase=phase.index, event=e.describe(), why=why)
+            self.live.note(f"{e.describe()}: {why}, nothing cut off")
+            return
+        for h in hosts:
+            self.hosts.partition(h)
+            self.cut[h] = time.time()
+        self.timeline.write("partition", phase=phase.index, step=phase.last_step, hosts=hosts)
+        self.live.note(f"PARTITION at step {phase.last_step}: {', '.join(hosts)} cut off")
+
+    def detect(self, phase: Phase) -> None:
+        """Hosts whose store stopped answering are dropped; their ranks are left running, the others
+        (stuck in collectives with them) are stopped and the job recovers without those hosts."""
+        self._probed = time.time()
+        lost = self.hosts.unreachable(set(self.cut))
+        if not lost:
+            return
+        ranks = [r for r, d in enumerate(phase.devices) if host_of(d) in lost]
+        for h in sorted(lost):
+            self.hosts.drop_host(h)
+        phase.detached = ranks
+        phase.killed, phase.failed_at = ranks, time.time()
+        seconds = {h: round(time.time() - self.cut.pop(h), 2) for h in sorted(lost)}
+        self.timeline.write("partition_detected", phase=phase.index, step=phase.last_step, hosts=sorted(lost),
+                            ranks=ranks, seconds=seconds)  # fmt: skip
+        self.live.note(f"lost contact with {', '.join(sorted(lost))} after {max(seconds.values()):.1f} s")
+
+    def heal(self, phase: Phase) -> None:
+        """The job went on without the cut-off hosts: their links come back, their ranks find their peers
+        gone, and their stores are told to replicate nowhere."""
+        for h in sorted({host_of(phase.devices[r]) for r in phase.detached}):
+            self.hosts.heal(h)
+        self.timeline.write("heal", phase=phase.index, ranks=phase.detached)
 
     def reap(self, grace: float = 10.0, wait: bool = False) -> None:
         """Forget exited ranks of earlier phases; kill those still tearing down after `grace` seconds."""

@@ -139,6 +139,7 @@ class Network:
             raise NetnsError(why)
         self.prefix, self.gbps, self.latency_ms = prefix, gbps, latency_ms
         self.hosts: dict[str, Host] = {}
+        self._made = 0  # hosts ever added: a deleted host's address and veth name are never reused
         self.switch = f"{prefix}sw"
         cleanup(prefix)  # a killed run of the same prefix
         try:
@@ -157,10 +158,11 @@ class Network:
             return self.hosts[name]
         if not name.replace("_", "").isalnum() or len(name) > 8:
             raise ValueError(f"host names are short and alphanumeric, got {name!r}")
-        index = len(self.hosts) + 1
+        index = self._made + 1
         if index > MAX_HOSTS:
             raise NetnsError(f"at most {MAX_HOSTS} namespace hosts")
         host = Host(name, f"{self.prefix}{name}", f"{SUBNET}.{index}", f"v{index}")
+        self._made = index
         try:
             self._ip("netns", "add", host.ns)
             veth = ["type", "veth", "peer", "name", NIC, "netns", host.ns]
@@ -261,10 +263,15 @@ class Network:
         self._ip("-n", self.switch, "link", "set", self.hosts[name].veth, "up")
 
     def kill_host(self, name: str) -> None:
-        """A host failure: every process in its namespace is killed and the namespace deleted."""
+        """A host failure: every process in its namespace is killed and the namespace deleted. The other
+        hosts then get "unreachable" for its address at once, as from a router that withdrew its route
+        (on one bridge, each connection attempt would otherwise wait out ARP: about 3 s)."""
         host = self.hosts.pop(name, None)
-        if host is not None:
-            kill_namespace(host.ns)
+        if host is None:
+            return
+        kill_namespace(host.ns)
+        for other in self.hosts.values():
+            _run(["ip", "-n", other.ns, "route", "add", "unreachable", f"{host.addr}/32"], check=False)
 
     def describe(self) -> dict[str, dict]:
         return {n: {"addr": h.addr, "ns": h.ns, "ifname": h.ifname} for n, h in self.hosts.items()}

@@ -23,6 +23,7 @@ class Phase:
     records: list[dict] = field(default_factory=list)
     offset: int = 0
     killed: list[int] = field(default_factory=list)
+    detached: list[int] = field(default_factory=list)  # ranks on a cut-off host: left running, not waited for
     failed_at: float | None = None
     last_step: int = -1  # the newest step the ranks reported (loaded, or trained)
     trained: bool = False  # whether a step was trained in this phase

@@ -87,6 +87,9 @@ def summary(run_dir: Path, static: dict[int, float] | None = None, tolerance: fl
         "ledger": ledger(run_dir),
         "losses": elastic,
     }
+    network = [r for r in recs if r["kind"] == "network"]
+    if network:  # namespace hosts: each host's address and bytes in/out at the end
+        out["hosts"] = network[-1]["hosts"]
     if static is not None:
         common = sorted(set(elastic) & set(static))
         diff = max((abs(elastic[s] - static[s]) for s in common), default=float("nan"))

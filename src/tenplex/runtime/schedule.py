@@ -9,6 +9,7 @@ A JSON or YAML list of events (or {"events": [...]}), each at a `step` or a `tim
     - {step: 30, redeploy: true}             # move to disjoint, fresh hosts
     - {step: 40, fail: [1]}                  # kill rank 1 without warning
     - {step: 45, fail_hosts: [h1]}           # a whole host dies, its store too
+    - {step: 50, partition: [h1]}            # a host is cut off (namespace hosts): dropped once detected
     - {time: 120, devices: 2}                # by wall time
 """
 
@@ -21,7 +22,7 @@ from typing import Any
 from ..ptc import TenplexError
 from .tables import read_table
 
-KEYS = {"step", "time", "devices", "hosts", "redeploy", "fail", "fail_hosts", "layout"}
+KEYS = {"step", "time", "devices", "hosts", "redeploy", "fail", "fail_hosts", "partition", "layout"}
 
 
 class ScheduleError(TenplexError, ValueError):
@@ -37,11 +38,12 @@ class Event:
     redeploy: bool = False
     fail: tuple[int, ...] = ()
     fail_hosts: tuple[str, ...] = ()
+    partition: tuple[str, ...] = ()
     layout: dict[str, int] | None = field(default=None, hash=False)
 
     @property
     def is_failure(self) -> bool:
-        return bool(self.fail or self.fail_hosts)
+        return bool(self.fail or self.fail_hosts or self.partition)
 
     def describe(self) -> str:
         at = f"step {self.step}" if self.step is not None else f"{self.time:g} s"
@@ -56,6 +58,8 @@ class Event:
             what.append(f"fail ranks {list(self.fail)}")
         if self.fail_hosts:
             what.append(f"fail hosts {list(self.fail_hosts)}")
+        if self.partition:
+            what.append(f"partition {list(self.partition)}")
         if self.layout:
             what.append("layout " + ",".join(f"{k}={v}" for k, v in self.layout.items()))
         return f"{at}: {' '.join(what)}"
@@ -81,8 +85,8 @@ def parse_event(raw: Any, index: int) -> Event:
     fail = raw.get("fail", [])
     if not isinstance(fail, list) or not all(type(r) is int and r >= 0 for r in fail):
         raise ScheduleError(f"{where}: fail must be a list of ranks, got {fail!r}")
-    hosts, fail_hosts = raw.get("hosts"), raw.get("fail_hosts", [])
-    for name, v in (("hosts", hosts or []), ("fail_hosts", fail_hosts)):
+    hosts, fail_hosts, partition = raw.get("hosts"), raw.get("fail_hosts", []), raw.get("partition", [])
+    for name, v in (("hosts", hosts or []), ("fail_hosts", fail_hosts), ("partition", partition)):
         if not isinstance(v, list) or not all(isinstance(h, str) and h for h in v):
             raise ScheduleError(f"{where}: {name} must be a list of host names, got {v!r}")
     layout = raw.get("layout")
@@ -94,7 +98,7 @@ def parse_event(raw: Any, index: int) -> Event:
         raise ScheduleError(f"{where}: layout must look like {{dp: 2, tp: 1, pp: 2}}, got {layout!r}")
     if not isinstance(raw.get("redeploy", False), bool):
         raise ScheduleError(f"{where}: redeploy must be true or false")
-    if time_ is not None and (fail or fail_hosts):
+    if time_ is not None and (fail or fail_hosts or partition):
         raise ScheduleError(f"{where}: failures are injected at a step (e.g. {{step: 40, fail: [1]}})")
     return Event(
         step,
@@ -104,6 +108,7 @@ def parse_event(raw: Any, index: int) -> Event:
         raw.get("redeploy", False),
         tuple(fail),
         tuple(fail_hosts),
+        tuple(partition),
         layout,
     )
 

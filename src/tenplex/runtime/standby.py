@@ -52,8 +52,11 @@ class Role:
 class StandbyPool:
     """Idle, pre-imported processes the controller turns into ranks, and takes back after them."""
 
-    def __init__(self, log: Path, env: dict[str, str], die_with_parent: bool = False) -> None:
+    def __init__(
+        self, log: Path, env: dict[str, str], die_with_parent: bool = False, wrap: list[str] | None = None
+    ) -> None:
         self.log, self.env, self.die_with_parent = log, env, die_with_parent
+        self.wrap = wrap or []  # a command prefix, e.g. `ip netns exec NS` for a namespace host
         self.idle: list[subprocess.Popen] = []
 
     def fill(self, n: int) -> None:
@@ -101,7 +104,7 @@ class StandbyPool:
             # the fork (the controller imports torch in a thread); the child asks for the signal itself
             parent = ["--die-with", str(os.getpid())] if self.die_with_parent else []
             return subprocess.Popen(
-                [sys.executable, "-m", "tenplex.runtime.standby", *parent],
+                [*self.wrap, sys.executable, "-m", "tenplex.runtime.standby", *parent],
                 env=self.env,
                 stdin=subprocess.PIPE,
                 stdout=err,

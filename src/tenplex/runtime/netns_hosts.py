@@ -15,6 +15,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import threading
 from pathlib import Path
 
 from ..store import StoreClient, StoreError
@@ -81,9 +82,14 @@ class NamespaceHosts(EmulatedHosts):
         self._procs: dict[str, subprocess.Popen] = {}
         self.partitioned: set[str] = set()
         self.dropped: dict[str, str] = {}  # cut-off hosts the job went on without -> their store's URL
+        self.lock = threading.RLock()  # spare hosts are made in a thread while the controller goes on
         self.final: dict[str, dict] = {}  # failed hosts: their address and counters when they died
 
     def store_url(self, host: str) -> str:
+        with self.lock:
+            return self._store_url(host)
+
+    def _store_url(self, host: str) -> str:
         if host not in self.stores:
             self.net.add_host(host)
             out = str(self.run_dir / f"store-{host}.log")
@@ -112,6 +118,10 @@ class NamespaceHosts(EmulatedHosts):
 
     def kill_host(self, host: str) -> None:
         """A host failure: every process in its namespace (ranks and store) is killed, it is deleted."""
+        with self.lock:
+            self._kill_host(host)
+
+    def _kill_host(self, host: str) -> None:
         self.stores.pop(host, None)
         if host in self.net.hosts:
             self.final[host] = {"addr": self.net.hosts[host].addr, **self.net.counters(host), "failed": True}
@@ -141,6 +151,10 @@ class NamespaceHosts(EmulatedHosts):
 
     def drop_host(self, host: str) -> None:
         """Go on without a host that cannot be reached: it is never used again, its store never read."""
+        with self.lock:
+            self._drop_host(host)
+
+    def _drop_host(self, host: str) -> None:
         gone = self.stores.pop(host, None)
         if gone:
             self.dropped[host] = gone["url"]
@@ -150,6 +164,10 @@ class NamespaceHosts(EmulatedHosts):
 
     def network(self) -> dict[str, dict]:
         """Each host's address and its bytes in and out so far (its interface counters)."""
+        with self.lock:
+            return self._network()
+
+    def _network(self) -> dict[str, dict]:
         out = dict(self.final)
         for name, h in self.net.hosts.items():
             if name != "ctl":
@@ -190,8 +208,10 @@ class NamespaceLauncher(Launcher):
         self.run_dir, self.nshosts = run_dir, hosts
         self.pools: dict[str, StandbyPool] = {}
         self._owner: dict[int, StandbyPool] = {}
+        self._spares: threading.Thread | None = None
 
     def _pool(self, host: str) -> StandbyPool:
+        """The host's pool (the controller's main thread only: see `fill`)."""
         if host not in self.pools:
             env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=NIC)
             wrap = self.nshosts.net.hosts[host].argv([])
@@ -212,10 +232,25 @@ class NamespaceLauncher(Launcher):
                 break
             if h not in per_host and h not in hosts.failed_hosts:
                 per_host[h], spare = hosts.devices_per_host, spare - 1
-        for h, n in per_host.items():
-            if h not in hosts.failed_hosts and h not in hosts.partitioned:
-                hosts.store_url(h)  # the host (and its store) before its first rank
-                self._pool(h).fill(n)
+        want = {h: n for h, n in per_host.items() if h not in hosts.failed_hosts | hosts.partitioned}
+        ready = [h for h in want if h in hosts.stores]  # no lock: a host being made is not ready yet
+        for h in ready:  # processes are started here, in the controller's main thread: a standby process
+            self._pool(h).fill(want[h])  # dies with the thread that started it (PR_SET_PDEATHSIG)
+        new = [h for h in want if h not in ready]
+        if new and (self._spares is None or not self._spares.is_alive()):
+            # a new host takes seconds (namespace, store): in a thread, so the controller keeps watching
+            # the job; its spares are started by the next fill
+            self._spares = threading.Thread(target=self._make_hosts, args=(new,), daemon=True)
+            self._spares.start()
+
+    def _make_hosts(self, names: list[str]) -> None:
+        for h in names:
+            try:
+                with self.nshosts.lock:
+                    if h not in self.nshosts.failed_hosts:
+                        self.nshosts.store_url(h)
+            except Exception as e:  # a spare host is only an optimization: it is made when first used
+                log.warning("spare host %s not made: %s", h, e)
 
     def master(self, phase: Phase) -> tuple[str, int]:
         host = phase.devices[0].split("/", 1)[0]
@@ -237,5 +272,7 @@ class NamespaceLauncher(Launcher):
         return any(p is pool and h in self.nshosts.net.hosts for h, p in self.pools.items())
 
     def close(self) -> None:
+        if self._spares is not None:
+            self._spares.join()
         for pool in self.pools.values():
             pool.close()

@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 
 from ..store import StoreClient, StoreError
+from ..util import env as variables
 from ..util import logs, read_token
 from .hosts import EmulatedHosts, health, started_at
 from .launcher import Launcher
@@ -76,7 +77,7 @@ class NamespaceHosts(EmulatedHosts):
         self.replicas = replicas
         self.net = Network(prefix_for(str(run_dir.resolve())), gbps, latency_ms)  # a killed run's go first
         self.token_file = str(run_dir / "store.token")
-        os.environ["TENPLEX_STORE_TOKEN"] = read_token(self.token_file, create=True) or ""
+        os.environ[variables.STORE_TOKEN] = read_token(self.token_file, create=True) or ""  # ranks inherit it
         self.ctl = self.net.add_host("ctl", shaped=False)
         self._home: int | None = enter(self.ctl.ns)
         self._procs: dict[str, subprocess.Popen] = {}

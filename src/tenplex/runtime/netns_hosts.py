@@ -19,8 +19,7 @@ import threading
 from pathlib import Path
 
 from ..store import StoreClient, StoreError
-from ..util import env as variables
-from ..util import logs, read_token
+from ..util import default_token_path, logs, read_token
 from .hosts import EmulatedHosts, health, started_at
 from .launcher import Launcher
 from .netns import NIC, Network, prefix_for
@@ -76,8 +75,10 @@ class NamespaceHosts(EmulatedHosts):
         super().__init__(run_dir, devices_per_host, memory_limit=memory_limit)
         self.replicas = replicas
         self.net = Network(prefix_for(str(run_dir.resolve())), gbps, latency_ms)  # a killed run's go first
-        self.token_file = str(run_dir / "store.token")
-        os.environ[variables.STORE_TOKEN] = read_token(self.token_file, create=True) or ""  # ranks inherit it
+        # the user's token file (made 0600 if missing): every same-user client finds it by itself, so the
+        # controller's clients of other (loopback) stores, as in the demo's static run, keep working
+        self.token_file = default_token_path()
+        read_token(self.token_file, create=True)
         self.ctl = self.net.add_host("ctl", shaped=False)
         self._home: int | None = enter(self.ctl.ns)
         self._procs: dict[str, subprocess.Popen] = {}

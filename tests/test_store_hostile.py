@@ -19,6 +19,8 @@ import time
 import numpy as np
 import pytest
 
+import rawhttp
+from rawhttp import addr, exchange
 from tenplex.ptc import Box
 from tenplex.store import AuthError, MemoryLimitError, StoreClient, StoreProcess, start_store
 from tenplex.store.process import announced
@@ -53,15 +55,8 @@ def still_fine(sp: StoreProcess) -> None:
         assert out.tobytes() == KNOWN.tobytes()
 
 
-def addr(url: str) -> tuple[str, int]:
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    return host, int(port)
-
-
 def req(method: str, path: str, body: bytes = b"", extra: str = "", token: str | None = TOKEN) -> bytes:
-    auth = f"Authorization: Bearer {token}\r\n" if token is not None else ""
-    head = f"{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: {len(body)}\r\n{extra}\r\n"
-    return head.encode() + body
+    return rawhttp.req(method, path, body, extra, token)
 
 
 def head_only(lines: str, token: str | None = TOKEN) -> bytes:
@@ -69,40 +64,6 @@ def head_only(lines: str, token: str | None = TOKEN) -> bytes:
     auth = f"Authorization: Bearer {token}\r\n" if token is not None else ""
     start, _, rest = lines.partition("\r\n")
     return f"{start}\r\n{auth}{rest}".encode("latin-1")
-
-
-def exchange(url: str, data: bytes, shut: bool = True, timeout: float = 10) -> tuple[int, dict, bool]:
-    """Send raw bytes; (status, JSON body, whether the daemon then closed the connection)."""
-    with socket.create_connection(addr(url), timeout=timeout) as s:
-        s.sendall(data)
-        if shut:
-            s.shutdown(socket.SHUT_WR)
-        buf = b""
-        while b"\r\n\r\n" not in buf:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            buf += chunk
-        head, _, body = buf.partition(b"\r\n\r\n")
-        status = int(head.split(b" ")[1])
-        length = int(
-            next(h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
-        )
-        while len(body) < length:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            body += chunk
-        rest = body[length:]
-        closed = False
-        if not rest:
-            try:
-                closed = s.recv(65536) == b""
-            except ConnectionResetError:
-                closed = True
-            except TimeoutError:
-                closed = False
-        return status, json.loads(body[:length]), closed
 
 
 def read_req(box: object, name: str = "r0/w", n: int = 1) -> bytes:

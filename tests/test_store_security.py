@@ -3,7 +3,6 @@ hostile-input suite is test_store_hostile.py)."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -12,6 +11,7 @@ import stat
 import numpy as np
 import pytest
 
+from rawhttp import exchange, req
 from tenplex.ptc import Box
 from tenplex.store import AuthError, NotFoundError, StoreClient, StoreUnavailable, start_store
 from tenplex.store.tmpfs import host_path
@@ -30,43 +30,11 @@ def store():
     assert sp.stop() == 0
 
 
-def raw(url: str, data: bytes, shut: bool = True) -> tuple[int, dict]:
-    """Send raw bytes, return (status, JSON error body) of the answer."""
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=10) as s:
-        s.sendall(data)
-        if shut:
-            s.shutdown(socket.SHUT_WR)
-        buf = b""
-        while b"\r\n\r\n" not in buf:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            buf += chunk
-        head, _, body = buf.partition(b"\r\n\r\n")
-        status = int(head.split(b" ")[1])
-        length = int(
-            next(h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
-        )
-        while len(body) < length:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            body += chunk
-        return status, json.loads(body[:length])
-
-
 def still_fine(sp) -> None:
     for local in (True, False):
         out = np.empty((2, 10), np.float32)
         sp.client(local=local).read_box("known", 1, "r0/w", Box((3, 0), (5, 10)), out)
         np.testing.assert_array_equal(out, KNOWN[3:5])
-
-
-def req(method: str, path: str, body: bytes = b"", extra: str = "") -> bytes:
-    return (
-        f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode() + body
-    )
 
 
 def test_truncated_blob_body_and_silent_clients(store):
@@ -114,7 +82,7 @@ def test_token_required_off_loopback(tmp_path):
                 c.health()
             with pytest.raises(AuthError):
                 c.write_blob("j", 1, "x", np.zeros(10))
-        status, body = raw(sp.url, req("GET", "/v1/jobs"))
+        status, body, _ = exchange(sp.url, req("GET", "/v1/jobs"))
         assert status == 401 and body["error"] == "unauthorized"
         good = StoreClient(sp.url, token=token, local=False)
         good.write_blob("j", 1, "x", np.arange(10.0))

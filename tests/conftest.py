@@ -8,6 +8,7 @@ a failure found that way is kept as an explicit `@example` in its test.
 import os
 import sys
 
+import pytest
 from hypothesis import settings
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -15,3 +16,17 @@ sys.path.insert(0, os.path.dirname(__file__))
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 settings.register_profile("explore", print_blob=True)
 settings.load_profile("ci" if os.environ.get("CI") else "explore")
+
+
+@pytest.fixture(scope="module")
+def store():
+    """One store daemon per test module (512 MiB; a module may define its own `store` instead): the
+    client finds it is on the same host by itself, and stopping it leaves no shared memory behind."""
+    from tenplex.store import start_store
+    from tenplex.store.tmpfs import host_path
+
+    sp = start_store(memory_limit="512MiB")
+    yield sp
+    assert sp.client().is_local  # same host: found out by the client itself, not forced
+    assert sp.stop() == 0
+    assert not os.path.exists(sp.shm_dir) and not os.path.exists(host_path(sp.shm_dir))

@@ -26,18 +26,8 @@ from tenplex.store import (
     start_store,
 )
 from tenplex.store.keys import NUMPY_DTYPE
-from tenplex.store.tmpfs import host_path
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(scope="module")
-def store():
-    sp = start_store(memory_limit="512MiB")
-    yield sp
-    assert sp.client().is_local  # same host: found out by the client itself, not forced
-    assert sp.stop() == 0
-    assert not os.path.exists(sp.shm_dir) and not os.path.exists(host_path(sp.shm_dir))
 
 
 @pytest.fixture(params=[True, False], ids=["shm", "net"])

@@ -38,13 +38,6 @@ from tenplex.store.transport import PREAMBLE, into
 pytestmark = pytest.mark.timeout(180)
 
 
-@pytest.fixture(scope="module")
-def store():
-    sp = start_store(memory_limit="512MiB")
-    yield sp
-    assert sp.stop() == 0
-
-
 def _leased_path(c, job: str, step: int, name: str) -> tuple[str, int, list]:
     pin: list = []
     found = c.request("POST", f"/v1/jobs/{job}/versions/{step}/locate", {"names": [name]}, hold=pin)

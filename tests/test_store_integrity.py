@@ -421,3 +421,23 @@ def test_a_persist_racing_a_new_save_of_its_step_raises_instead_of_mixing(tmp_pa
         monkeypatch.setattr(durable, "_read_piece", racing)
         with pytest.raises(StateError, match="no copy"):
             tenplex.persist("mix", 1, str(tmp_path / "dcp"), store=s.url)
+
+
+def test_a_save_replaces_an_abandoned_attempt_of_another_save(store):
+    """An open version of step 5 left by another save (its writer died before committing) must not block
+    `tenplex.save` of step 5, nor lend it a blob: the save opens the version under its own save id, which
+    replaces the abandoned one, and a load returns this save's bytes."""
+    import torch
+
+    import tenplex
+
+    c = store.client()
+    c.create_version("abandoned", 5, save_id="old")
+    c.write_blob("abandoned", 5, "r0/w", np.full(4, 9, np.float32), save_id="old")
+    c.write_blob("abandoned", 5, "r0/extra", np.full(4, 7, np.float32), save_id="old")
+    tenplex.save({"w": torch.arange(4.0)}, "abandoned", 5, store=store.url)
+    out = {"w": torch.zeros(4)}
+    tenplex.load(out, "abandoned", 5, store=store.url)
+    assert out["w"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert sorted(b["name"] for b in c.blobs("abandoned", 5)) == ["r0/w"]
+    c.delete_job("abandoned")

@@ -8,6 +8,7 @@ store it talks to, its device id is stable across restarts (TENPLEX_DEVICE, else
 from __future__ import annotations
 
 import hashlib
+import uuid
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,26 +63,28 @@ KEEP_LAYOUTS = 8
 
 def gather_writers(
     store: str, shards: dict[str, LocalShard], values: dict[str, Any], group: world.Group, bd: Breakdown
-) -> tuple[Writers, dict[str, Any]]:
-    """The writers' layout and the job's values. One all-gather of each rank's values, a digest of its
-    shard descriptions and the layouts it knows; only when some rank lacks this layout, a second one of
-    the descriptions (every rank decides from the same gathered answers, so all agree)."""
+) -> tuple[Writers, dict[str, Any], str]:
+    """The writers' layout, the job's values and the save's id (rank 0's), which every rank's create and
+    put name so that no blob of another attempt at the step ends up in this save. One all-gather of each
+    rank's values, a digest of its shard descriptions and the layouts it knows; only when some rank lacks
+    this layout, a second one of the descriptions (every rank decides from the same gathered answers)."""
     mine = describe(store, shards, {}, group)
     digest = _digest((mine.store, mine.device, mine.tensors))
     with bd.phase("gather"):
-        answers = world.all_gather((digest, values, list(_writers)), group)
+        answers = world.all_gather((digest, values, list(_writers), uuid.uuid4().hex), group)
     key = _digest([a[0] for a in answers])
+    save_id = answers[0][3]
     merged: dict[str, Any] = {}
-    for _, vals, _ in answers:
+    for _, vals, _, _ in answers:
         for k, v in vals.items():
             merged.setdefault(k, v)
-    if all(key in known for _, _, known in answers):
+    if all(key in known for _, _, known, _ in answers):
         _writers.move_to_end(key)
-        return _writers[key], merged
+        return _writers[key], merged, save_id
     with bd.phase("gather"):
         layouts = world.all_gather(mine, group)
     with bd.phase("plan"):
-        return _remember(key, writers(build_ptc(layouts)), world.rank(group)), merged
+        return _remember(key, writers(build_ptc(layouts)), world.rank(group)), merged, save_id
 
 
 def _remember(key: str, ptc: PTC, me: int) -> Writers:

@@ -112,7 +112,7 @@ def save(
     own = client(url)
     with bd.phase("create"):
         _replace_committed(own, job, step)  # before the all-gather, so before any rank of the save writes
-    found, merged = gather_writers(url, shards, values, group, bd)  # built only for a new layout
+    found, merged, save_id = gather_writers(url, shards, values, group, bd)  # built only for a new layout
     ptc, mine, me = found.ptc, found.mine, world.rank(group)
     written = sum(shards[n].box.volume * ptc.tensors[n].itemsize for n in mine)
     with bd.phase("stage"):  # host copies: an asynchronous save writes them to the store in the background
@@ -122,17 +122,17 @@ def save(
         """Into the store: shared memory copied and checksummed chunk by chunk (one pass), or the network."""
         try:
             with bd.phase("create"):
-                own.create_version(job, step)
+                own.create_version(job, step, save_id)
             with bd.phase("copy"):
                 items = [(blob_name(me, n), host.array(n), shards[n].dtype) for n in sorted(mine)]
-                own.write_blobs(job, step, items)
+                own.write_blobs(job, step, items, save_id)
         finally:
             host.release()
 
     if not async_save:
         copy()
     local_seconds = time.perf_counter() - started
-    manifest = make_manifest(job, step, ptc, layout=found.layout, values=merged)
+    manifest = make_manifest(job, step, ptc, layout=found.layout, values=merged, save_id=save_id)
 
     def finish() -> None:
         if async_save:

@@ -30,15 +30,18 @@ def make_manifest(
     *,
     layout: dict[str, Any] | None = None,
     values: dict[str, Any] | None = None,
+    save_id: str | None = None,
 ) -> dict[str, Any]:
     """The manifest of a new save of `ptc` (the writers' layout); `replicas` is added at commit time. With a
-    cached layout, `layout` is its PTC's JSON without values and `values` this save's values."""
+    cached layout, `layout` is its PTC's JSON without values and `values` this save's values.
+    `save_id`: the one its writers opened the version under (default: a new one)."""
     data = ptc.to_json() if layout is None else {**layout, "values": value_codec.encode(values or {})}
     return {
         "format": MANIFEST_FORMAT,
         "job": job,
         "step": step,
-        "save_id": uuid.uuid4().hex,  # tells this save's commits from an abandoned attempt at the same step
+        "save_id": save_id
+        or uuid.uuid4().hex,  # tells this save's commits from an abandoned attempt at the same step
         "ptc": data,
         "stores": sorted(set(ptc.mesh.hosts)),
     }

@@ -53,8 +53,15 @@ class Writers:
 
     ptc: PTC
     layout: dict[str, Any]  # ptc.to_json() without "values"
-    mine: set[str]  # the tensors this rank writes
     blobs: dict[str, list[str]]  # store -> the blobs it must hold
+    _mine: dict[int, set[str]] = field(default_factory=dict)
+
+    def mine(self, me: int) -> set[str]:
+        """The tensors rank `me` writes: per rank, since one process may hold another rank of the same
+        layout in a later save (a standby process, identical shards) and must not write the first's."""
+        if me not in self._mine:
+            self._mine[me] = {s.tensor for s in self.ptc.shards(me)}
+        return self._mine[me]
 
 
 _writers: OrderedDict[str, Writers] = OrderedDict()  # layout key -> writers; the newest last
@@ -84,17 +91,17 @@ def gather_writers(
     with bd.phase("gather"):
         layouts = world.all_gather(mine, group)
     with bd.phase("plan"):
-        return _remember(key, writers(build_ptc(layouts)), world.rank(group)), merged, save_id
+        return _remember(key, writers(build_ptc(layouts))), merged, save_id
 
 
-def _remember(key: str, ptc: PTC, me: int) -> Writers:
+def _remember(key: str, ptc: PTC) -> Writers:
     layout = ptc.to_json()
     layout.pop("values", None)
     hosts = ptc.mesh.hosts
     blobs: dict[str, list[str]] = {h: [] for h in hosts}
     for r, host in enumerate(hosts):
         blobs[host].extend(blob_name(r, s.tensor) for s in ptc.shards(r))
-    found = _writers[key] = Writers(ptc, layout, {s.tensor for s in ptc.shards(me)}, blobs)
+    found = _writers[key] = Writers(ptc, layout, blobs)
     while len(_writers) > KEEP_LAYOUTS:
         _writers.popitem(last=False)
     return found

@@ -113,7 +113,8 @@ def save(
     with bd.phase("create"):
         _replace_committed(own, job, step)  # before the all-gather, so before any rank of the save writes
     found, merged, save_id = gather_writers(url, shards, values, group, bd)  # built only for a new layout
-    ptc, mine, me = found.ptc, found.mine, world.rank(group)
+    ptc, me = found.ptc, world.rank(group)
+    mine = found.mine(me)
     written = sum(shards[n].box.volume * ptc.tensors[n].itemsize for n in mine)
     with bd.phase("stage"):  # host copies: an asynchronous save writes them to the store in the background
         host = stage({n: shards[n].local for n in sorted(mine)}, copy_cpu=async_save)

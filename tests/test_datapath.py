@@ -47,7 +47,7 @@ def test_huge_page_store_keeps_its_mount_private_and_leaves_nothing_when_killed(
         mountpoint = host_path(sp.shm_dir)
         assert mountpoint != sp.shm_dir and os.path.isdir(mountpoint)
         assert os.listdir(mountpoint) == []  # from outside the daemon's namespace: an empty directory
-        assert sorted(os.listdir(sp.shm_dir)) == ["b00000001", "reserve"]
+        assert sorted(os.listdir(sp.shm_dir)) == ["b00000001", "control.sock", "reserve"]
         assert mountpoint not in _host_mounts()
     finally:
         sp.kill()
@@ -72,7 +72,7 @@ def test_huge_pages_off_is_a_plain_directory():
         assert c.health()["huge_pages"] is False
         assert host_path(sp.shm_dir) == sp.shm_dir
         c.write_blob("j", 1, "w", np.ones(10, np.float32))
-        assert os.listdir(sp.shm_dir) == ["b00000001"]
+        assert sorted(os.listdir(sp.shm_dir)) == ["b00000001", "control.sock"]
     finally:
         assert sp.stop() == 0
     assert not os.path.exists(sp.shm_dir)

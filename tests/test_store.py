@@ -519,7 +519,7 @@ PROTOCOL_V1 = {
     ("post", f"{V}/blobs/{{name}}/seal"), ("post", f"{V}/read"), ("post", f"{V}/locate"),
     ("post", f"{V}/allocate"), ("post", f"{V}/seal"),
     ("post", "/v1/release"), ("post", "/v1/relay"), ("post", "/v1/relay/drop"), ("post", "/v1/peers"),
-    ("post", "/v1/hello"),
+    ("post", "/v1/hello"), ("get", "/v1/local"),
     ("get", "/v1/datasets"),
     ("post", "/v1/datasets/{job}"), ("get", "/v1/datasets/{job}"), ("delete", "/v1/datasets/{job}"),
     ("post", "/v1/datasets/{job}/ids"), ("post", "/v1/datasets/{job}/read"),

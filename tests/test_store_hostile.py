@@ -442,7 +442,7 @@ def test_the_daemon_never_sends_its_token_to_an_address_it_was_told_about(store,
 
 def test_a_store_requires_a_token_by_default_and_same_user_clients_find_it(tmp_path, monkeypatch):
     """No --token-file, loopback: the daemon writes ~/.tenplex/store.token (0600) and requires it; a client
-    of the same user sends it with no configuration; a client without it gets 401."""
+    of the same user sends it with no configuration; a TCP client without it gets 401."""
     TRIED.add("loopback without a token")
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("TENPLEX_STORE_TOKEN", raising=False)
@@ -450,7 +450,7 @@ def test_a_store_requires_a_token_by_default_and_same_user_clients_find_it(tmp_p
         path = tmp_path / ".tenplex" / "store.token"
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         assert StoreClient(sp.url).jobs() == []
-        with pytest.raises(AuthError):
-            StoreClient(sp.url, token="").jobs()
+        with pytest.raises(AuthError):  # over TCP (the Unix socket would let this uid in: test_store_uds)
+            StoreClient(sp.url, token="", local=False).jobs()
         status, _, closed = exchange(sp.url, req("GET", "/v1/jobs", token=None), shut=False)
         assert status == 401 and closed

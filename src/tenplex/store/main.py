@@ -12,11 +12,14 @@ import os
 import signal
 import sys
 
-from ..util import SizeError, parse_size, read_token
+from ..util import SizeError, logs, parse_size, read_token
 from .daemon import Daemon
 from .errors import BadRequestError, StoreError
 from .routes import ROUTES
 from .transport import DEFAULT_PORT
+
+SOCKET_NAME = "control.sock"
+log = logs.get("store")
 
 
 class _Shutdown(BaseException):
@@ -32,6 +35,19 @@ def load_token(path: str | None) -> str:
         raise BadRequestError(f"no token for the store: {e} (pass --token-file)") from None
     assert token is not None
     return token
+
+
+def listen_unix(d: Daemon) -> None:
+    """Serve this host's processes on `SOCKET_NAME` in the store's private blob directory too (no token:
+    SO_PEERCRED); skipped, with a notice, where that path is too long for a Unix socket."""
+    path = os.path.join(d.arena.dir, SOCKET_NAME)
+    if len(os.fsencode(path)) >= 108:
+        log.warning("no Unix socket: %s is too long a path; same-host clients use TCP", path)
+        return
+    try:
+        d.listen_unix(path)
+    except OSError as e:
+        log.warning("no Unix socket at %s: %s; same-host clients use TCP", path, e.strerror)
 
 
 def _size(text: str) -> int:
@@ -69,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         raise BadRequestError(f"--reserve ({args.reserve}) exceeds --memory-limit ({args.memory_limit})")
     d = Daemon(ROUTES, args.host, args.port, limit, token, peers, args.replicas, args.advertise,
                huge_pages=args.huge_pages, reserve=reserve)  # fmt: skip
+    listen_unix(d)
 
     def stop(signum: int, frame: object) -> None:
         raise _Shutdown

@@ -33,8 +33,15 @@ _V = r"/v1/jobs/(?P<job>[^/]+)/versions/(?P<step>[^/]+)"
 def _health(d: Daemon, req: Request) -> dict[str, Any]:
     """Liveness, protocol version, this store's URL, pid, host id and replication targets."""
     return {"ok": True, "protocol": PROTOCOL_VERSION, "url": d.url, "pid": os.getpid(), "host_id": host_id(),
-            "shm_dir": d.arena.dir, "huge_pages": d.arena.memory.huge,
+            "shm_dir": d.arena.dir, "unix": d.unix_path, "huge_pages": d.arena.memory.huge,
             "replicas": list(d.replicator.targets)}  # fmt: skip
+
+
+@route("GET", r"/v1/local", public=True)
+def _local(d: Daemon, req: Request) -> dict[str, Any]:
+    """Where a client on this host finds this store (answered without the token: the blob directory and
+    the Unix socket are this user's alone, and the socket checks its peers' uid)."""
+    return {"host_id": host_id(), "shm_dir": d.arena.dir, "unix": d.unix_path}
 
 
 @route("GET", r"/v1/openapi.json")

@@ -1,6 +1,11 @@
 """The store's HTTP/1.1 server on raw sockets: the accept loop, one thread per connection, request heads
 parsed by llhttp (`heads`), authenticated, checked against their route, errors answered as JSON.
 
+Two ways in: TCP, where every non-public request carries the bearer token, and (`listen_unix`) a Unix
+domain socket, mode 0600, for this host's processes: a connection on it is authenticated by the kernel's
+SO_PEERCRED (the peer must be the daemon's uid or root; others are answered 401 and closed) and needs no
+token.
+
 It knows nothing of blobs or versions: `Daemon` (the store's state) subclasses it and the handlers in
 `routes` receive the daemon and a `Request`.
 
@@ -36,7 +41,7 @@ from ..util import logs
 from .errors import AuthError, BadRequestError, NotFoundError, StoreError, StoreUnavailable, TooLargeError
 from .heads import Head, parse_head
 from .keys import check_job, check_name, check_step
-from .protocol import MAX_JSON, REASONS, Closed, Conn, json_body, parse_json
+from .protocol import MAX_JSON, REASONS, Closed, Conn, json_body, parse_json, peer_uid, trusted_uid
 
 MAX_CONNECTIONS = 4096  # open connections at most (also at most a quarter of the open-file limit)
 HEAD_TIMEOUT = 5.0  # seconds for a request head, from a new connection or from its first byte
@@ -159,17 +164,44 @@ class Server:
         self._peers: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._spare = os.open(os.devnull, os.O_RDONLY)  # given up to shed a connection when out of fds
+        self.unix_sock: socket.socket | None = None
+        self.unix_path = ""  # the Unix socket's path ("" when there is none)
+
+    def listen_unix(self, path: str) -> None:
+        """Also serve this host's processes on a Unix socket at `path` (mode 0600, a stale one replaced),
+        authenticated by SO_PEERCRED instead of the token; accepted in a thread of its own."""
+        if os.path.lexists(path):
+            os.unlink(path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)  # never reachable by others, not even between bind and chmod
+        try:
+            sock.bind(path)
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+        sock.listen(512)
+        self.unix_sock, self.unix_path = sock, path
+        threading.Thread(target=self._accept_unix, args=(sock,), daemon=True).start()
+
+    def _accept_unix(self, sock: socket.socket) -> None:
+        try:
+            self._accept_loop(sock, unix=True)
+        except OSError:  # the socket was closed: the daemon is stopping
+            pass
 
     def serve_forever(self) -> None:
+        self._accept_loop(self.sock, unix=False)
+
+    def _accept_loop(self, sock: socket.socket, unix: bool) -> None:
         delay = 0.0
         while True:
             try:
-                client, addr = self.sock.accept()
+                client, addr = sock.accept()
             except OSError as e:
                 if e.errno in _SHORT_OF_FDS:
                     self.count("fd_exhausted")
                     log.warning("accept: %s; shedding one connection, backing off %.2f s", e.strerror, delay)
-                    self._shed()
+                    self._shed(sock)
                     time.sleep(delay)
                     delay = min(1.0, delay * 2 or 0.01)
                     continue
@@ -177,9 +209,26 @@ class Server:
                     continue
                 raise
             delay = 0.0
-            self._admit(client, str(addr[0]) if isinstance(addr, tuple) else "")
+            if unix:
+                self._admit_unix(client)
+            else:
+                self._admit(client, str(addr[0]) if isinstance(addr, tuple) else "")
 
-    def _admit(self, client: socket.socket, peer: str) -> None:
+    def _admit_unix(self, client: socket.socket) -> None:
+        """A connection on the Unix socket: admitted as trusted when its peer is this uid or root."""
+        try:
+            uid = peer_uid(client)
+        except OSError:
+            client.close()
+            return
+        if not trusted_uid(uid):
+            self.count("refused")
+            log.warning("refused a connection on %s from uid %d", self.unix_path, uid)
+            _reject(client, "", AuthError(f"uid {uid} may not use this store's socket"))
+            return
+        self._admit(client, f"uid:{uid}", local=True)
+
+    def _admit(self, client: socket.socket, peer: str, local: bool = False) -> None:
         with self._lock:
             full = len(self.conns) >= self.max_connections or self._peers[peer] >= self.max_per_peer
             if not full:
@@ -190,23 +239,23 @@ class Server:
             _reject(client, "too many connections")
             return
         try:
-            threading.Thread(target=self._connection, args=(client, peer), daemon=True).start()
+            threading.Thread(target=self._connection, args=(client, peer, local), daemon=True).start()
         except RuntimeError:  # no thread to be had: same as no room
             self._forget(client, peer)
             _reject(client, "out of threads")
 
-    def _shed(self) -> None:
+    def _shed(self, sock: socket.socket) -> None:
         """Out of descriptors: free the spare one, accept the waiting connection and close it at once."""
         try:
             os.close(self._spare)
-            self.sock.settimeout(0)
+            sock.settimeout(0)
             try:
-                c, _ = self.sock.accept()
+                c, _ = sock.accept()
                 c.close()
             except OSError:
                 pass
             finally:
-                self.sock.settimeout(None)
+                sock.settimeout(None)
         except OSError:
             pass
         finally:
@@ -218,6 +267,12 @@ class Server:
     def close(self) -> None:
         """Stop accepting and shut every open connection."""
         self.sock.close()
+        if self.unix_sock is not None:
+            self.unix_sock.close()
+            try:
+                os.unlink(self.unix_path)
+            except OSError:
+                pass
         if self._spare >= 0:
             os.close(self._spare)
             self._spare = -1
@@ -247,13 +302,13 @@ class Server:
             if self._peers[peer] <= 0:
                 del self._peers[peer]
 
-    def _connection(self, sock: socket.socket, peer: str) -> None:
+    def _connection(self, sock: socket.socket, peer: str, local: bool = False) -> None:
         conn = Conn(sock)
         scratch: list[np.ndarray] = []
         leases: dict[int, list[Any]] = {}
         idle = HEAD_TIMEOUT  # a new connection says something at once, or goes
         try:
-            while self._one(conn, scratch, leases, idle):
+            while self._one(conn, scratch, leases, idle, local):
                 idle = IDLE_TIMEOUT
         except (OSError, Closed):
             pass
@@ -263,8 +318,10 @@ class Server:
             if leases:
                 self.end_leases(leases)
 
-    def _one(self, conn: Conn, scratch: list[np.ndarray], leases: dict[int, list[Any]], idle: float) -> bool:
-        """Serve one request; False when the connection must close."""
+    def _one(
+        self, conn: Conn, scratch: list[np.ndarray], leases: dict[int, list[Any]], idle: float, local: bool
+    ) -> bool:
+        """Serve one request (`local`: it came on the Unix socket); False when the connection must close."""
         try:
             raw = conn.read_head_bytes(idle, HEAD_TIMEOUT)
         except Closed:
@@ -279,7 +336,7 @@ class Server:
         head: Head | None = None
         try:
             head = parse_head(raw)
-            req, route = self._request(conn, head, scratch)
+            req, route = self._request(conn, head, scratch, local)
             req.leases = leases
             result = route.handler(self, req)
             if result is not None:
@@ -307,17 +364,20 @@ class Server:
             send_error(conn, StoreError(f"internal error: {type(e).__name__}: {e}"), close=True)
             return False
 
-    def _request(self, conn: Conn, head: Head, scratch: list[np.ndarray]) -> tuple[Request, Route]:
-        """The request and its route, refused before any handler runs when its token or body is wrong."""
+    def _request(
+        self, conn: Conn, head: Head, scratch: list[np.ndarray], local: bool = False
+    ) -> tuple[Request, Route]:
+        """The request and its route, refused before any handler runs when its token or body is wrong
+        (`local`: on the Unix socket, whose peer the kernel vouched for, no token is needed)."""
         split = urlsplit(head.target)
         query = parse_qs(split.query)
         req = Request(conn, head.method, {}, query, head.headers, head.length, scratch=scratch)
         route = self._find(req, split.path)
-        if self.token is not None and not route.public:
+        if self.token is not None and not route.public and not local:
             auth = head.headers.get("authorization", "")
             if not hmac.compare_digest(auth.encode("latin-1"), f"Bearer {self.token}".encode()):
                 raise AuthError("missing or wrong bearer token")
-        req.trusted = self.token is None or not route.public
+        req.trusted = self.token is None or not route.public or local
         if route.public and head.length > PUBLIC_BODY:
             raise TooLargeError(f"at most {PUBLIC_BODY} bytes before authenticating")
         if route.body == "none" and head.length:
@@ -355,10 +415,10 @@ def send_error(conn: Conn, e: StoreError, close: bool) -> None:
         pass
 
 
-def _reject(sock: socket.socket, why: str) -> None:
+def _reject(sock: socket.socket, why: str, error: StoreError | None = None) -> None:
     try:
         sock.settimeout(1.0)
-        send_error(Conn(sock), StoreUnavailable(why), close=True)
+        send_error(Conn(sock), error or StoreUnavailable(why), close=True)
     except OSError:
         pass
     finally:

@@ -1,6 +1,10 @@
 """The client's transport: one store URL, a pool of keep-alive connections, retries with backoff, and
 the daemon's JSON errors mapped back to the `StoreError` class it raised.
 
+A client of a store on this host (one it shares memory with) sends its requests over the store's Unix
+socket when there is one, after checking with SO_PEERCRED that the process serving it is this user or root;
+TCP (with the token) otherwise, or when that check fails.
+
 Every store request is idempotent, so a request whose connection fails is retried; a response body is
 either JSON or read by the caller's `reader` straight into its memory (`into`).
 """
@@ -19,18 +23,26 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from ..ptc import ITEM_SIZE, Box
-from ..util import env, read_token
+from ..util import env, logs, read_token
 from .boxio import as_bytes
 from .checksum import cuts, digest
-from .errors import BadRequestError, ChecksumError, StoreError, StoreUnavailable, error_from_payload
+from .errors import (
+    AuthError,
+    BadRequestError,
+    ChecksumError,
+    StoreError,
+    StoreUnavailable,
+    error_from_payload,
+)
 from .keys import check_out
-from .protocol import Closed, Conn, connect, content_length, json_body
+from .protocol import Closed, Conn, connect, connect_unix, content_length, json_body
 from .shm import host_id
 
 DEFAULT_PORT = 7311
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
 PREAMBLE = struct.Struct("<Q")  # length of the JSON part description that precedes raw read bodies
 T = TypeVar("T")
+log = logs.get("store")
 Reader = Callable[[Conn, dict[str, str], int], T]
 
 
@@ -79,6 +91,8 @@ class Transport:
         self.token = token if token is not None else default_token()
         self.timeout, self.retries = timeout, retries
         self._local = local
+        self.use_unix = local is not False  # a client told the store is remote (local=False) stays on TCP
+        self._unix: str | None = None  # the store's Unix socket once known ("" for none / not trusted)
         self._pool: list[Conn] = []
         self._lock = threading.Lock()
 
@@ -87,11 +101,29 @@ class Transport:
 
     @property
     def is_local(self) -> bool:
-        """Whether the daemon shares this machine's memory (decided once, from its health answer)."""
+        """Whether the daemon shares this machine's memory (decided once, from its `/v1/local` answer)."""
         if self._local is None:
-            h = self.health()
-            self._local = h.get("host_id") == host_id() and os.path.isdir(str(h.get("shm_dir")))
-        return self._local
+            self._probe()
+        return bool(self._local)
+
+    def _probe(self, conn: Conn | None = None) -> None:
+        """Ask the store (over TCP, no token needed; on `conn`, tried once, when given) where it runs:
+        shared memory and its Unix socket, if on this host."""
+        self._unix = ""  # the probe itself goes over TCP
+        held: list[Conn] = []  # its connection is not pooled: the next request may go by the socket
+        try:
+            h = self.request("GET", "/v1/local", hold=held, conn=conn)
+        except BaseException:
+            self._unix = None
+            raise
+        finally:
+            for c in held:
+                c.close()
+        here = h.get("host_id") == host_id()
+        if self._local is None:
+            self._local = here and os.path.isdir(str(h.get("shm_dir")))
+        path = str(h.get("unix") or "")
+        self._unix = path if here and self.use_unix and os.path.exists(path) else ""
 
     def health(self) -> dict[str, Any]:
         return self.request("GET", "/v1/health")
@@ -100,6 +132,17 @@ class Transport:
         with self._lock:
             if self._pool:
                 return self._pool.pop()
+        if self.use_unix:
+            if self._unix is None:
+                self._probe(connect(self.host, self.port, self.timeout))
+            if self._unix:
+                try:
+                    return connect_unix(self._unix, self.timeout)
+                except AuthError as e:  # someone else's socket: never again, and nothing sent to it
+                    log.warning("%s; using TCP for %s", e, self.url)
+                    self._unix = ""
+                except StoreUnavailable:  # gone (the store restarted?): TCP this time, ask again next time
+                    self._unix = None
         return connect(self.host, self.port, self.timeout)
 
     @staticmethod

@@ -114,7 +114,7 @@ class NamespaceHosts(EmulatedHosts):
         urls = [s["url"] for s in self.stores.values()]
         for url in urls:
             try:
-                StoreClient(url, retries=0, timeout=5).set_peers(urls, self.replicas)
+                StoreClient(url, retries=0, timeout=5, local=False).set_peers(urls, self.replicas)
             except StoreError as e:
                 log.warning("store %s did not take its replication peers: %s", url, e)
 
@@ -147,7 +147,7 @@ class NamespaceHosts(EmulatedHosts):
         self.net.heal(host)
         if host in self.dropped:
             try:
-                StoreClient(self.dropped[host], retries=0, timeout=5).set_peers([], 0)
+                StoreClient(self.dropped[host], retries=0, timeout=5, local=False).set_peers([], 0)
             except StoreError as e:
                 log.warning("the dropped store of %s did not take an empty peer list: %s", host, e)
 

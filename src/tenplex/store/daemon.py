@@ -25,7 +25,8 @@ from .peers import proven_client
 from .protocol import json_body
 from .relay import RelayCache
 from .replication import Replicator
-from .server import Request, Route, Server, headers_for
+from .request import Request, Route
+from .server import Server, headers_for
 from .shm import Arena
 from .transport import DEFAULT_PORT, PREAMBLE
 

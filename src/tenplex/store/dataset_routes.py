@@ -9,7 +9,8 @@ import numpy as np
 from .daemon import Daemon, scratch
 from .datasets import Dataset, check_ids, gather, open_dataset, rank_view
 from .protocol import json_body
-from .server import Request, RouteTable, headers_for
+from .request import Request, RouteTable
+from .server import headers_for
 from .transport import PREAMBLE
 
 DATASET_ROUTES = RouteTable()

@@ -6,7 +6,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from .server import Route
+from .request import Route
 
 _GROUP = re.compile(r"\(\?P<(\w+)>[^)]*\)")
 _JSON = {"application/json": {"schema": {"type": "object"}}}

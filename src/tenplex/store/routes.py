@@ -17,7 +17,7 @@ from .dataset_routes import DATASET_ROUTES
 from .errors import BadRequestError, ChecksumError, NotFoundError, TooLargeError
 from .keys import check_box, check_dtype, check_job, check_name, check_shape, check_step
 from .peers import is_own_url, proof
-from .server import Request, RouteTable
+from .request import Request, RouteTable
 from .shm import host_id
 
 MAX_BOXES = 4096  # boxes in one read request

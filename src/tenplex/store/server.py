@@ -22,26 +22,22 @@ from __future__ import annotations
 
 import errno
 import hmac
-import itertools
 import os
-import re
 import resource
 import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
-from urllib.parse import parse_qs, unquote, urlsplit
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 
 from ..util import logs
 from .errors import AuthError, BadRequestError, NotFoundError, StoreError, StoreUnavailable, TooLargeError
 from .heads import Head, parse_head
-from .keys import check_job, check_name, check_step
-from .protocol import MAX_JSON, REASONS, Closed, Conn, json_body, parse_json, peer_uid, trusted_uid
+from .protocol import MAX_JSON, REASONS, Closed, Conn, json_body, peer_uid, trusted_uid
+from .request import Request, Route
 
 MAX_CONNECTIONS = 4096  # open connections at most (also at most a quarter of the open-file limit)
 HEAD_TIMEOUT = 5.0  # seconds for a request head, from a new connection or from its first byte
@@ -53,79 +49,6 @@ LINGER_TRUSTED = 30.0  # that a big write into a full store over a slow link sti
 _SHORT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 log = logs.get("store")
-
-
-@dataclass
-class Request:
-    conn: Conn
-    method: str
-    params: dict[str, str]
-    query: dict[str, list[str]]
-    headers: dict[str, str]
-    length: int
-    consumed: bool = False  # the body has been read completely
-    scratch: list[np.ndarray] = field(default_factory=list)  # the connection's reusable buffer
-    leases: dict[int, list[Any]] = field(default_factory=dict)  # what the connection holds, by lease id
-    trusted: bool = False  # it carried the token
-
-    def lease(self, items: list[Any]) -> int:
-        """Keep `items` held for this connection until `unlease` (or `Server.end_leases` at its close)."""
-        n = next(_lease_ids)
-        self.leases[n] = items
-        return n
-
-    def unlease(self, n: int) -> list[Any]:
-        """The items of lease `n` of this connection, no longer leased ([] for an unknown lease)."""
-        return self.leases.pop(n, [])
-
-    def json(self) -> dict[str, Any]:
-        if self.length > MAX_JSON:
-            raise TooLargeError(f"JSON body of {self.length} bytes exceeds {MAX_JSON}")
-        raw = self.conn.read_bytes(self.length) if self.length else b"{}"
-        self.consumed = True
-        body = parse_json(raw)
-        if not isinstance(body, dict):
-            raise BadRequestError("the JSON body must be an object")
-        return body
-
-    def job(self) -> str:
-        return check_job(self.params["job"])
-
-    def step(self) -> int:
-        return check_step(self.params["step"])
-
-    def name(self) -> str:
-        try:
-            return check_name(unquote(self.params["name"], errors="strict"))
-        except UnicodeDecodeError:
-            raise BadRequestError("blob name is not UTF-8") from None
-
-
-_lease_ids = itertools.count(1)
-Handler = Callable[[Any, Request], Any]
-
-
-class Route(NamedTuple):
-    method: str
-    pattern: re.Pattern[str]
-    handler: Handler
-    body: str  # "none", "json" or "raw"
-    public: bool  # answered without the token (only the peer proof)
-
-
-class RouteTable(list[Route]):
-    """The routes; `route` is the decorator that adds one (body kind from the method unless given)."""
-
-    def route(
-        self, method: str, pattern: str, body: str | None = None, public: bool = False
-    ) -> Callable[[Handler], Handler]:
-        kind = body or {"PUT": "raw", "POST": "json"}.get(method, "none")
-
-        def deco(fn: Handler) -> Handler:
-            self.append(Route(method, re.compile(pattern + "$"), fn, kind, public))
-            return fn
-
-        return deco
 
 
 def raise_fd_limit() -> int:

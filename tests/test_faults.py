@@ -64,17 +64,17 @@ def static(tmp_path_factory) -> dict:
 class Fault:
     """One injected fault: counted when entered, survived when every check after it passed."""
 
-    def __init__(self, what: str) -> None:
-        self.what = what
+    def __init__(self, what: str, n: int = 1) -> None:
+        self.what, self.n = what, n
 
     def __enter__(self) -> Fault:
-        TALLY["injected"] += 1
+        TALLY["injected"] += self.n
         print(f"fault (seed {SEED}): {self.what}")
         return self
 
     def __exit__(self, kind, *_) -> None:
         if kind is None:
-            TALLY["survived"] += 1
+            TALLY["survived"] += self.n
 
 
 def test_a_rank_killed_mid_phase(tmp_path, static):
@@ -190,6 +190,23 @@ def test_a_host_and_its_store_holding_replicas_killed(host_failure, static):
     # directory is reaped by the next store started on the machine: whether the run starts one is timing)
     assert left == [], left
     TALLY["survived"] += 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("round_", range(4))
+def test_soak_several_ranks_killed_in_one_job(tmp_path, static, round_):
+    """Randomized soak: 2-3 ranks killed at drawn steps of one job, the job grown back to 3 between."""
+    r = rng(f"soak:{round_}")
+    steps = sorted(2 * x + 1 for x in r.sample(range(1, 5), r.randint(2, 3)))  # of 3, 5, 7, 9
+    schedule: list[dict] = [{"step": 0, "devices": 3}]
+    for a in steps:  # at least 2 apart: a failure, the job grown back, then the next failure
+        schedule += [{"step": a, "fail": [r.randint(0, 2)]}, {"step": a + 1, "devices": 3}]
+    run_dir = tmp_path / f"soak{round_}"
+    with Fault(f"soak round {round_}: {schedule[1:]}", len(steps)):
+        finish(cli(*run_job(run_dir, schedule)))
+        check_recovered_from_newest(records(run_dir), 2)
+        check_outcome(run_dir, static)
+        check_nothing_left(run_dir)
 
 
 def test_zz_every_injected_fault_was_survived():

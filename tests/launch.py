@@ -10,6 +10,8 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tenplex.util.ranks import RanksFailed, run_local
@@ -40,6 +42,23 @@ def run_ranks(
             tail = "\n".join(f"--- rank {r} ---\n{log[-4000:]}" for r, log in enumerate(e.logs))
             raise AssertionError(f"ranks {e.failed} failed\n{tail}") from None
         return [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+@contextmanager
+def on_two_hosts(module: str, timeout: float, env: dict[str, str] | None = None) -> Iterator[list[dict]]:
+    """Four ranks of `module` on two emulated hosts (ranks 0-1 on one store, 2-3 on another, reached over
+    sockets); `env` may name the stores as {a} and {b}. Yields the ranks' results, then stops the stores."""
+    from tenplex.store import start_store
+
+    a, b = start_store(), start_store()
+    try:
+        per_rank = [{"TENPLEX_STORE": s.url} for s in (a, a, b, b)]
+        extra = {k: v.format(a=a.url, b=b.url) for k, v in (env or {}).items()}
+        yield run_ranks(module, 4, env={"TENPLEX_EMULATED_HOSTS": "1", **extra}, per_rank_env=per_rank,
+                        timeout=timeout)  # fmt: skip
+    finally:
+        a.stop()
+        b.stop()
 
 
 def write_result(result: dict) -> None:

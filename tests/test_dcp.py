@@ -10,7 +10,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from launch import run_ranks
+from launch import on_two_hosts
 from tenplex.dcp import StoreReader, StoreWriter
 from tenplex.store import BadRequestError, ChecksumError, start_store
 from tenplex.transformer import StateError
@@ -20,14 +20,8 @@ pytestmark = pytest.mark.dist
 
 @pytest.fixture(scope="module")
 def results():
-    a, b = start_store(), start_store()
-    try:
-        per_rank = [{"TENPLEX_STORE": s.url} for s in (a, a, b, b)]
-        env = {"TENPLEX_EMULATED_HOSTS": "1", "DCP_TEST_STORES": f"{a.url},{b.url}"}
-        yield run_ranks("dcp_cases", 4, env=env, per_rank_env=per_rank, timeout=300)
-    finally:
-        a.stop()
-        b.stop()
+    with on_two_hosts("dcp_cases", 300, {"DCP_TEST_STORES": "{a},{b}"}) as got:
+        yield got
 
 
 def test_ranks_ran(results):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from launch import run_ranks
+from launch import on_two_hosts
 from tenplex.store import start_store
 from transformer_cases import PAIRS
 
@@ -13,15 +13,8 @@ pytestmark = pytest.mark.dist
 
 @pytest.fixture(scope="module")
 def results():
-    a, b = start_store(), start_store()
-    try:
-        per_rank = [{"TENPLEX_STORE": s.url} for s in (a, a, b, b)]
-        yield run_ranks(
-            "transformer_cases", 4, env={"TENPLEX_EMULATED_HOSTS": "1"}, per_rank_env=per_rank, timeout=900
-        )
-    finally:
-        a.stop()
-        b.stop()
+    with on_two_hosts("transformer_cases", 900) as got:
+        yield got
 
 
 @pytest.mark.parametrize("pair", [f"{a}->{b}" for a, b in PAIRS])

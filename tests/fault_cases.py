@@ -94,7 +94,7 @@ def check_nothing_left(run_dir: Path, timeout: float = 15) -> None:
 
 
 def check_no_process_left(run_dir: Path, timeout: float = 15) -> None:
-    stores = _stores(run_dir)
+    stores = stores_of(run_dir)
     deadline = time.time() + timeout
     while time.time() < deadline and (any(health(u) for u, _ in stores) or _processes_of(run_dir)):
         time.sleep(0.2)
@@ -105,13 +105,13 @@ def check_no_process_left(run_dir: Path, timeout: float = 15) -> None:
 def shm_left(run_dir: Path, but: str = "") -> list[str]:
     """The `tenplex-PORT-PID` shared-memory directories of the run's stores still there (but those of the
     stores logged in the file named `but`)."""
-    pids = {str(pid) for _, pid in _stores(run_dir, but) if pid}
+    pids = {str(pid) for _, pid in stores_of(run_dir, but) if pid}
     return sorted(
         n for n in os.listdir(shm_root()) if n.startswith("tenplex-") and n.rsplit("-", 1)[-1] in pids
     )
 
 
-def _stores(run_dir: Path, but: str = "") -> list[tuple[str, int | None]]:
+def stores_of(run_dir: Path, but: str = "") -> list[tuple[str, int | None]]:
     return [a for log in run_dir.glob("store-*.log") if log.name != but for a in logged_stores(str(log))]
 
 

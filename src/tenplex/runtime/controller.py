@@ -127,7 +127,7 @@ class Controller:
         if not self.hosts.allocation:
             self._apply(first, step)
         self.launcher.fill()  # every rank the schedule will need imports from the start
-        index, prev, crashes = 0, None, 0
+        index, prev, crashes = self._next_phase(), None, 0
         while step < cfg.steps:
             while by_step and by_step[0].step <= step and not by_step[0].is_failure:
                 self._apply(by_step.pop(0), step)
@@ -160,6 +160,13 @@ class Controller:
         self.timeline.write("finish", step=step, seconds=self._elapsed(), durable=self.durable)
         self.live.close()
         return {"run_dir": str(cfg.run_dir), "steps": step, "phases": index}
+
+    def _next_phase(self) -> int:
+        """The index of this controller's first phase: after every phase directory an earlier (killed)
+        controller of the run left, so a rerun never appends to their records and ledgers, and the report
+        reads its phases after theirs (the rerun replays from the committed step: its record wins)."""
+        dirs = [p.name[5:] for p in self.cfg.run_dir.glob("phase*") if p.is_dir()]
+        return max((int(n) for n in dirs if n.isdigit()), default=-1) + 1
 
     def _network(self) -> None:
         """Namespace hosts: each host's address and bytes in/out so far, into the timeline."""

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 from launch import SRC
 from tenplex.runtime.demo import LOSS_TOLERANCE
 from tenplex.runtime.hosts import health
+from tenplex.store import NotFoundError, StoreClient, StoreError
 from tenplex.store.process import logged_stores
 from tenplex.store.shm import shm_root
 
@@ -102,6 +106,19 @@ def check_no_process_left(run_dir: Path, timeout: float = 15) -> None:
     assert not _processes_of(run_dir), "processes of the run left behind"
 
 
+def stop_stores(root: Path) -> list[int]:
+    """SIGTERM the stores of every run under `root` that still answer as the process they logged (a failed
+    case leaves them, as a failed `tenplex run` does for a rerun); their PIDs."""
+    stopped = []
+    for log in root.rglob("store-*.log"):
+        for url, pid in logged_stores(str(log)):
+            answer = health(url)
+            if pid and answer is not None and answer.get("pid") == pid:
+                os.kill(pid, signal.SIGTERM)
+                stopped.append(pid)
+    return stopped
+
+
 def shm_left(run_dir: Path, but: str = "") -> list[str]:
     """The `tenplex-PORT-PID` shared-memory directories of the run's stores still there (but those of the
     stores logged in the file named `but`)."""
@@ -131,3 +148,66 @@ def _processes_of(run_dir: Path) -> list[int]:
                 found.append(int(pid))
                 break
     return found
+
+
+def flip_byte(url: str, job: str, step: int, r: random.Random) -> str:
+    """Flip one byte in one blob file of committed version `step` in the store at `url` (on this host): the
+    high byte of a float of the largest model tensor's blob, so a load that took it would be far off the
+    static run. The blob is held (a `locate` lease) while its file is changed, so the file cannot be
+    another blob's by then. What was flipped, in words."""
+    c = StoreClient(url, retries=0, timeout=5)
+    try:
+        blobs = [b for b in c.blobs(job, step) if b["dtype"] == "float32" and "model" in b["name"]]
+        name = max(blobs, key=lambda b: (b["nbytes"], b["name"]))["name"]
+        held: list = []
+        found = c.request("POST", f"/v1/jobs/{job}/versions/{step}/locate", {"names": [name]}, hold=held)
+        try:
+            info = found["blobs"][0]
+            at = 4 * r.randrange(info["nbytes"] // 4) + 3
+            fd = os.open(info["path"], os.O_RDWR)  # the store's own directory (a huge-page store's too)
+            try:
+                os.pwrite(fd, bytes([os.pread(fd, 1, at)[0] ^ 0x40]), at)
+            finally:
+                os.close(fd)
+        finally:
+            for conn in held:
+                conn.close()  # ends the lease
+    finally:
+        c.close()
+    return f"{name} byte {at}"
+
+
+class Corrupter(threading.Thread):
+    """Flips a byte (`flip_byte`) in every version of `job` from step `first` on as it commits in the store
+    at `url`, until the timeline shows the recovery (the failed phase's ranks are gone by then: none of
+    its versions commits later), then looks once more and stops. `flipped`: step -> what was flipped;
+    `seen`: the committed steps at the end."""
+
+    def __init__(self, url: str, job: str, first: int, run_dir: Path, r: random.Random) -> None:
+        super().__init__(daemon=True)
+        self.url, self.job, self.first, self.run_dir, self.r = url, job, first, run_dir, r
+        self.flipped: dict[int, str] = {}
+        self.seen: list[int] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        timeline = self.run_dir / "timeline.jsonl"
+        store = StoreClient(self.url, retries=0, timeout=5)
+        deadline = time.time() + 240
+        try:
+            while time.time() < deadline:
+                last = timeline.exists() and '"kind": "recover"' in timeline.read_text()
+                self.seen = store.versions(self.job)
+                for s in self.seen:
+                    if s >= self.first and s not in self.flipped:
+                        try:
+                            self.flipped[s] = flip_byte(self.url, self.job, s, self.r)
+                        except NotFoundError:  # deleted since (the job keeps its newest three)
+                            self.seen.remove(s)
+                if last:
+                    return
+                time.sleep(0.02)
+        except (StoreError, OSError) as e:
+            self.error = e
+        finally:
+            store.close()

@@ -10,7 +10,7 @@ import torch
 import tenplex
 from launch import run_ranks
 from tenplex.store import start_store
-from tenplex.transformer import ShapeMismatchError, StateError
+from tenplex.transformer import NoSnapshotError, ShapeMismatchError, StateError
 
 pytestmark = pytest.mark.dist
 
@@ -114,6 +114,30 @@ def test_a_corrupted_byte_fails_the_load_before_any_target_is_written(tmp_path):
         assert info.source == "durable" and "failed" in info.note, info
         assert torch.equal(target["a"], source["a"]) and torch.equal(target["b"], source["b"])
         assert target["step"] == 7
+
+
+def test_a_corrupted_newest_snapshot_gives_way_to_the_one_before():
+    """Without `step`, a snapshot whose bytes fail their checksums is passed over for the newest one before
+    it (named in `skipped`); a `step` asked for is never swapped for another; with every snapshot corrupted
+    the first one's error is raised (never NoSnapshotError, after which a job would start over)."""
+    older = _state()
+    newer = {"a": older["a"] + 1, "b": older["b"] + 1, "step": 8}
+    with start_store() as s:
+        tenplex.save(older, job="rot", step=1, store=s.url)
+        tenplex.save(newer, job="rot", step=2, store=s.url)
+        _flip(_blob_file(s.client(), "rot", 2, "r0/b"), 4 * 300_000 * 4 - 100)
+        target = _state(fill=-5.0)
+        info = tenplex.load(target, job="rot", store=s.url)
+        assert info.step == 1 and [x["step"] for x in info.skipped] == [2], info.skipped
+        assert "corrupted" in info.skipped[0]["error"], info.skipped
+        assert torch.equal(target["a"], older["a"]) and torch.equal(target["b"], older["b"])
+        assert target["step"] == 7
+        with pytest.raises(StateError, match=r"corrupted"):
+            tenplex.load(_state(fill=-5.0), job="rot", step=2, store=s.url)
+        _flip(_blob_file(s.client(), "rot", 1, "r0/a"), 17)
+        with pytest.raises(StateError, match=r"step 2: .*corrupted") as e:
+            tenplex.load(_state(fill=-5.0), job="rot", store=s.url)
+        assert not isinstance(e.value, NoSnapshotError), e.value
 
 
 def test_a_store_dying_mid_load_leaves_the_targets_or_falls_back(tmp_path, monkeypatch):

@@ -273,12 +273,23 @@ class Controller:
         step (or ended without one), report the change."""
         if r["kind"] == "ready":
             self.launcher.fill()
+        if r["kind"] == "loaded" and r.get("skipped"):
+            self._skipped(phase, r)
         first = r["kind"] == "step" and sum(x["kind"] == "step" for x in phase.records) == 1
         if first or (r["kind"] == "done" and not phase.trained):
             info = reconfiguration(self._prev, phase)
             if info is not None:
                 self.timeline.write("reconfig", **info)
                 self.live.reconfig(info)
+
+    def _skipped(self, phase: Phase, r: dict) -> None:
+        """The ranks passed over newer snapshots they could not read (a flipped byte fails its checksum):
+        said in the timeline and the live view, as the step they resumed from instead."""
+        steps = [x["step"] for x in r["skipped"]]
+        self.timeline.write("snapshots_skipped", phase=phase.index, steps=steps, step=r["step"],
+                            errors=[x["error"] for x in r["skipped"]])  # fmt: skip
+        log.warning("phase %d: snapshots %s could not be read: %s", phase.index, steps, r["skipped"][0])
+        self.live.note(f"snapshots of steps {steps} could not be read; loaded step {r['step']} instead")
 
     def _overlap_exit(self) -> bool:
         """Whether a phase may start before the last one's script processes are gone (the reference rank's

@@ -122,6 +122,7 @@ class ElasticJob:
             lost_stores=info.lost_stores,
             phases=info.phases,
             layout=self.label,
+            skipped=info.skipped,
         )
         return info.step
 

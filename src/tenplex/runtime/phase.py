@@ -47,7 +47,9 @@ class Phase:
 
     def add(self, r: dict) -> None:
         self.records.append(r)
-        if r["kind"] in ("step", "loaded", "fresh"):
+        if r["kind"] in ("loaded", "fresh"):  # where the ranks start: before `start_step` when the snapshot
+            self.last_step = r["step"]  # the controller counted on could not be read (or none was found)
+        elif r["kind"] == "step":
             self.last_step = max(self.last_step, r["step"])
         if r["kind"] == "ready" and r.get("layout"):
             self.reported = r["layout"]

@@ -75,6 +75,24 @@ def ledger(run_dir: Path) -> dict[str, Any]:
     }
 
 
+def recoveries(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The recoveries, each from the step its ranks loaded: older than the newest committed snapshot the
+    controller counted on (`expected`) when that one could not be read."""
+    out = []
+    for i, r in enumerate(recs):
+        if r["kind"] != "recover":
+            continue
+        launch = next((x for x in recs[i:] if x["kind"] == "launch"), None)
+        phase = launch["phase"] if launch else None
+        start = next((x for x in recs[i:] if x["kind"] == "worker" and x["phase"] == phase
+                      and x["event"] in ("loaded", "fresh")), None)  # fmt: skip
+        if start and start["step"] != r["step"]:
+            r = {**r, "step": start["step"], "lost_steps": r["lost_steps"] + r["step"] - start["step"],
+                 "expected": r["step"]}  # fmt: skip
+        out.append(r)
+    return out
+
+
 def summary(run_dir: Path, static: dict[int, float] | None = None, tolerance: float = 2e-6) -> dict[str, Any]:
     recs = timeline(run_dir)
     elastic = losses(recs)
@@ -83,7 +101,8 @@ def summary(run_dir: Path, static: dict[int, float] | None = None, tolerance: fl
         "steps": max(elastic, default=0),
         "reconfigurations": [r for r in recs if r["kind"] == "reconfig"],
         "failures": [r for r in recs if r["kind"] in ("fail", "crash")],
-        "recoveries": [r for r in recs if r["kind"] == "recover"],
+        "recoveries": recoveries(recs),
+        "skipped_snapshots": [r for r in recs if r["kind"] == "snapshots_skipped"],
         "ledger": ledger(run_dir),
         "losses": elastic,
     }
@@ -217,6 +236,11 @@ def print_report(s: dict) -> None:
         print(
             f"failure recovery: resumed from the snapshot at step {rec['step']}, "
             f"{rec['lost_steps']} steps replayed"
+        )
+    for sk in s.get("skipped_snapshots", []):
+        print(
+            f"snapshots of steps {sk['steps']} could not be read (phase {sk['phase']}: {sk['errors'][0]}); "
+            f"loaded step {sk['step']} instead"
         )
     if "static" in s:
         st = s["static"]

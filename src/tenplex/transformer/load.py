@@ -7,6 +7,7 @@ Orchestration only: the target's shards are gathered (`gathered`), one rank choo
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any
 
 from ..planner import plan
@@ -44,19 +45,22 @@ def load(
     back to when the stores cannot serve the snapshot. `process_group`: the ranks of the job.
     `sources`: more stores to look for the snapshot in (default $TENPLEX_SOURCES, comma-separated) — the
     old hosts' stores when the job moved to new hosts; the ranks' own stores are always searched.
+    Without `step`, a snapshot that cannot be read (bytes that fail their checksums, a blob gone) gives way
+    to the newest one before it, then to `path`; `LoadInfo.skipped` lists those passed over, and why.
     """
     started = time.perf_counter()
     bd = Breakdown()
     group = process_group
+    skipped: list[dict[str, Any]] = []  # snapshots that could not be read, newest first
 
-    def fallback(reason: str, error: StateError) -> LoadInfo:
+    def fallback(reason: str, error: BaseException) -> LoadInfo:
         if path is None:
             raise error
         with bd.phase("durable"):
             info = load_durable(
                 state_dict, path, strict=strict, started=started, reason=reason, process_group=group
             )
-        info.phases = bd.as_dict()
+        info.phases, info.skipped = bd.as_dict(), skipped
         return info
 
     url = resolve(store)
@@ -72,40 +76,53 @@ def load(
     if sources is None:
         sources = env.url_list(env.SOURCES)
     urls = sorted({lay.store for lay in layouts} | {resolve(s) for s in sources}, key=lambda u: u != url)
-    try:
-        with bd.phase("choose"):
-            snap = world.decide(lambda: choose(job, step, urls), group)
-    except StateError as e:  # no snapshot in memory, or the stores cannot say which
-        return fallback(str(e), e)
-    with bd.phase("plan"):
-        old = snap.ptc
-        common = _check_keys(old, new, wanted, strict)
-        old_view = snap.view
-        p = plan(subset(old_view, common), subset(new, common), lost=snap.lost)
-    if not p.complete:
-        return fallback("unrecoverable", UnrecoverableError([(t, str(b)) for t, b in p.unrecoverable]))
-    me = world.rank(group)
-    with bd.phase("plan"):
-        shared = shared_remote_boxes(p, new.mesh.hosts[me])
-    moved, write, failure = {}, None, None
-    try:
-        moved, write = execute(
-            p.for_rank(me), shards, job, snap.step, old_view, url, central, concurrency, shared, bd,
-            snap.manifest.get("save_id"),
-        )  # fmt: skip
-    except Exception as e:  # every rank learns of it below, so none waits for the others forever
-        failure = e
-    with bd.phase("barrier"):  # every rank's status: the wait for the slowest rank
-        statuses = world.all_gather(_describe(failure), group)
-    failed = [(r, f) for r, f in enumerate(statuses) if f is not None]
-    with bd.phase("drop_relays"):
-        drop_relays(job, snap.step, url, [lay.store for lay in layouts], me)
-    if failed:  # nothing was written; every rank takes the same way out: fall back, or raise
+    below: int | None = None
+    first_error: BaseException | None = None
+    while True:  # the newest snapshot; one that cannot be read (a flipped byte) gives way to the one before
+        try:
+            with bd.phase("choose"):
+                snap = world.decide(partial(choose, job, step, urls, below=below), group)
+        except StateError as e:  # no (older) snapshot in memory, or the stores cannot say which
+            if first_error is None:
+                return fallback(str(e), e)
+            # no snapshot in memory could be read: the first one's error (never NoSnapshotError, so a job
+            # does not start over from nothing)
+            return fallback("; ".join(f"step {x['step']}: {x['error']}" for x in skipped), first_error)
+        with bd.phase("plan"):
+            old = snap.ptc
+            common = _check_keys(old, new, wanted, strict)
+            old_view = snap.view
+            p = plan(subset(old_view, common), subset(new, common), lost=snap.lost)
+        if not p.complete:
+            return fallback("unrecoverable", UnrecoverableError([(t, str(b)) for t, b in p.unrecoverable]))
+        me = world.rank(group)
+        with bd.phase("plan"):
+            shared = shared_remote_boxes(p, new.mesh.hosts[me])
+        moved, write, failure = {}, None, None
+        try:
+            moved, write = execute(
+                p.for_rank(me), shards, job, snap.step, old_view, url, central, concurrency, shared, bd,
+                snap.manifest.get("save_id"),
+            )  # fmt: skip
+        except Exception as e:  # every rank learns of it below, so none waits for the others forever
+            failure = e
+        with bd.phase("barrier"):  # every rank's status: the wait for the slowest rank
+            statuses = world.all_gather(_describe(failure), group)
+        failed = [(r, f) for r, f in enumerate(statuses) if f is not None]
+        with bd.phase("drop_relays"):
+            drop_relays(job, snap.step, url, [lay.store for lay in layouts], me)
+        if not failed:
+            break
+        # nothing was written; every rank takes the same way out: an older snapshot, the fallback, or raise
         r, (_, why) = failed[0]
         error = failure or StateError(f"rank {r} could not load the snapshot: {why}")
         if not all(ok for _, (ok, _) in failed):  # not the stores' fault (a bug): no fallback hides it
             raise error
-        return fallback(f"reading the snapshot failed on rank {r}: {why}", error)
+        reason = f"reading the snapshot failed on rank {r}: {why}"
+        if step is not None:  # the caller asked for this step: no other one is the answer
+            return fallback(reason, error)
+        skipped.append({"step": snap.step, "error": reason})
+        first_error, below = first_error or error, snap.step
     with bd.phase("write"):  # every box of every rank arrived and verified: now the targets are written
         if write is not None:
             write()
@@ -122,6 +139,7 @@ def load(
         unexpected,
         snap.lost,
         phases=bd.as_dict(),
+        skipped=skipped,
         plan_bytes={"kept": s.kept, "same_host": s.same_host, "relayed": s.relayed,
                     "cross_host": s.cross_host, "cross_host_lower_bound": s.cross_host_lower_bound},
     )  # fmt: skip

@@ -88,15 +88,18 @@ class LoadInfo:
     note: str = ""  # why a durable load happened
     plan_bytes: dict[str, int] = field(default_factory=dict)  # the whole job's plan statistics
     phases: dict[str, float] = field(default_factory=dict)  # seconds by phase (see `breakdown`)
+    skipped: list[dict[str, Any]] = field(default_factory=list)  # newer snapshots that could not be read
 
 
-def choose(job: str, step: int | None, urls: list[str], *, check: bool = True) -> Snapshot:
-    """The newest snapshot of `job` (or version `step`) that is complete on the reachable stores among
-    `urls`. With `check`, also its lost and remapped stores, and every blob it will be read from checked
-    against its piece. Raises NoSnapshotError when there is none and StateError when the stores misbehave
-    (a job must not silently start over then)."""
+def choose(
+    job: str, step: int | None, urls: list[str], *, check: bool = True, below: int | None = None
+) -> Snapshot:
+    """The newest snapshot of `job` (or version `step`; with `below`, the newest before that step) that is
+    complete on the reachable stores among `urls`. With `check`, also its lost and remapped stores, and
+    every blob it will be read from checked against its piece. Raises NoSnapshotError when there is none
+    and StateError when the stores misbehave (a job must not silently start over then)."""
     try:
-        found, manifest = _newest(job, step, urls)
+        found, manifest = _newest(job, step, urls, below)
         snap = Snapshot(found, manifest)
         if check:
             sid = manifest.get("save_id")
@@ -117,7 +120,7 @@ def newest_step(job: str, stores: list[str]) -> int | None:
         return None
 
 
-def _newest(job: str, step: int | None, urls: list[str]) -> tuple[int, dict]:
+def _newest(job: str, step: int | None, urls: list[str], below: int | None = None) -> tuple[int, dict]:
     """The newest version committed, by one save, on every reachable store it was saved to. A writer that
     died between its per-store commits leaves a version some stores hide (the one before it is used); a
     later save of the same step replaces it where it writes, and its save id tells the two apart."""
@@ -132,7 +135,7 @@ def _newest(job: str, step: int | None, urls: list[str]) -> tuple[int, dict]:
             errors.append(str(e))
             continue
         for s, sid in ids[u].items():
-            if step is None or s == step:
+            if (step is None or s == step) and (below is None or s < below):
                 where[s].setdefault(sid, u)
     for s in sorted(where, reverse=True):
         for sid, u in where[s].items():
@@ -141,7 +144,7 @@ def _newest(job: str, step: int | None, urls: list[str]) -> tuple[int, dict]:
                 raise NoSnapshotError(f"version {s} of job {job!r} is not a tenplex snapshot")
             if all(_holds(u2, job, s, sid, ids) for u2 in manifest.get("stores", [])):
                 return s, manifest
-    what = f"step {step} of " if step is not None else ""
+    what = f"step {step} of " if step is not None else (f"a step before {below} of " if below else "")
     raise NoSnapshotError(
         f"no committed version of {what}job {job!r} in stores {urls}"
         + (f" ({'; '.join(errors)})" if errors else "")

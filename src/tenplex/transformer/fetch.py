@@ -17,6 +17,7 @@ from ..planner import Fetch, Plan, Route
 from ..ptc import PTC, Box
 from ..store import StoreClient, StoreError, read_many
 from ..store.keys import NUMPY_DTYPE
+from ..util.arena import Arena
 from .breakdown import Breakdown
 from .errors import StateError
 from .gathered import blob_name
@@ -62,7 +63,12 @@ def execute(
     rels = [f.box.relative_to(shards[f.tensor].box) for f in fetches]
     runs = [_contiguous(rel, shards[f.tensor].box.shape) for f, rel in zip(fetches, rels)]
     inplace = sorted({f.tensor for f, run in zip(fetches, runs) if run})
-    staged = {n: Staged(shards[n].local, fill=False, scratch=True) for n in inplace}
+    dtypes = {n: np.dtype(NUMPY_DTYPE[shards[n].dtype]) for n in names}
+    arena = Arena(Arena.size_of(
+        [shards[n].local.nbytes for n in inplace]
+        + [rel.volume * dtypes[f.tensor].itemsize for f, rel, run in zip(fetches, rels, runs) if not run]
+    ))  # fmt: skip
+    staged = {n: Staged(shards[n].local, fill=False, scratch=arena) for n in inplace}
     own = client(url)
     hub: StoreClient | None = client(old.mesh.hosts[0]) if central else None
     sources = {(name, r): piece.box for name in names for piece in old.pieces(name) for r in piece.holders}
@@ -75,7 +81,7 @@ def execute(
             out = staged[f.tensor].array[(*rel.slices(), ...)]
         else:
             local = shards[f.tensor].local
-            out = np.empty(rel.shape, NUMPY_DTYPE[shards[f.tensor].dtype])
+            out = arena.take(rel.volume * dtypes[f.tensor].itemsize).view(dtypes[f.tensor]).reshape(rel.shape)
             apart.append((local[rel.slices()], out))
         src_box = f.box.relative_to(sources[(f.tensor, f.src)])
         src_url, blob = old.mesh.hosts[f.src], blob_name(f.src, f.tensor)

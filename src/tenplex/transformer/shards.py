@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -11,6 +12,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from torch.distributed.tensor.placement_types import Partial, Shard, _StridedShard
 
 from ..ptc import Box
+from ..util.arena import Arena
 from .errors import StateError
 
 DTYPES: dict[torch.dtype, str] = {
@@ -109,16 +111,25 @@ def as_numpy(t: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
 
+def host_empty(shape: tuple[int, ...], dtype: torch.dtype, arena: Arena | None = None) -> torch.Tensor:
+    """An uninitialized CPU tensor, taken from `arena` when one is given (huge pages, see util.arena)."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if arena is None or nbytes == 0:
+        return torch.empty(shape, dtype=dtype, device="cpu")
+    return torch.from_numpy(arena.take(nbytes)).view(dtype).reshape(shape)
+
+
 class Staged:
     """Host memory for a tensor's bytes: the tensor itself on CPU, a copy for accelerators, and always a
-    copy with `scratch` (a load writes its targets only once every box arrived and verified)."""
+    copy, taken from the arena, with `scratch` (a load writes its targets only once every box arrived and
+    verified)."""
 
-    def __init__(self, t: torch.Tensor, fill: bool, scratch: bool = False) -> None:
+    def __init__(self, t: torch.Tensor, fill: bool, scratch: Arena | None = None) -> None:
         self.tensor = t
-        if t.device.type == "cpu" and t.is_contiguous() and not scratch:
+        if t.device.type == "cpu" and t.is_contiguous() and scratch is None:
             self.host = t
         else:
-            self.host = torch.empty(t.shape, dtype=t.dtype, device="cpu")
+            self.host = host_empty(t.shape, t.dtype, scratch)
             if fill:
                 self.host.copy_(t)
         self.array = as_numpy(self.host)

@@ -10,6 +10,8 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 
+from ..util.net import wait_listening
+
 Group = Any  # a torch.distributed ProcessGroup or None
 T = TypeVar("T")
 
@@ -90,4 +92,8 @@ def init_distributed(device: str = "auto") -> None:
     cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    master, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun's store listens already
+    if master and port.isdigit() and os.environ.get("RANK", "0") != "0" and not agent_store:
+        wait_listening(master, int(port), timeout=60.0)  # else init's own retries take over
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=10))

@@ -1,13 +1,19 @@
-"""The scratch arena: disjoint, aligned buffers of one mapping, kept alive by their views."""
+"""Small helpers: the scratch arena (disjoint, aligned buffers of one mapping, kept alive by their views)
+and waiting for a listener."""
 
 import gc
+import socket
+import threading
+import time
 
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tenplex.util import free_port
 from tenplex.util.arena import ALIGN, Arena
+from tenplex.util.net import wait_listening
 
 
 @given(st.lists(st.integers(0, 3 << 20), max_size=12))
@@ -33,3 +39,29 @@ def test_a_view_outlives_the_arena():
     gc.collect()
     view[:] = 1.5  # the mapping is still there: the view holds it
     assert float(view.sum()) == 1.5 * view.size
+
+
+def test_wait_listening_returns_once_a_late_listener_accepts():
+    port = free_port()
+    srv = socket.socket()
+
+    def listen_late() -> None:
+        time.sleep(0.3)
+        srv.bind(("127.0.0.1", port))
+        srv.listen()
+
+    t0 = time.monotonic()
+    late = threading.Thread(target=listen_late)
+    late.start()
+    try:
+        assert wait_listening("127.0.0.1", port, timeout=10)
+        assert 0.25 < time.monotonic() - t0 < 5
+    finally:
+        late.join()
+        srv.close()
+
+
+def test_wait_listening_gives_up_after_its_timeout():
+    t0 = time.monotonic()
+    assert not wait_listening("127.0.0.1", free_port(), timeout=0.2)
+    assert time.monotonic() - t0 < 2

@@ -21,7 +21,7 @@ from ..util.arena import Arena
 from .breakdown import Breakdown
 from .errors import StateError
 from .gathered import blob_name
-from .shards import VIEW_AS, LocalShard, Staged
+from .shards import VIEW_AS, LocalShard, Staged, copy_into
 from .stores import client
 
 
@@ -123,7 +123,7 @@ def execute(
             st.finish()
         for view, buf in apart:
             src = torch.from_numpy(buf)
-            view.copy_(src.view(view.dtype) if view.dtype in VIEW_AS else src)
+            copy_into(view, src.view(view.dtype) if view.dtype in VIEW_AS else src)
 
     return moved, write
 

@@ -202,6 +202,50 @@ def test_a_flipped_byte_in_the_snapshots_a_recovery_would_load(tmp_path, static)
         check_nothing_left(run_dir)
 
 
+def test_a_store_too_small_for_the_snapshots_it_is_asked_to_keep(tmp_path, static):
+    """--store-memory 4MiB holds two snapshots of the 2-rank phase (1.6 MB each), not the three it keeps
+    plus the one being written: the one that does not fit is skipped (MemoryLimitError, said in the
+    records; not a lost store, no crash), the job keeps only its newest from then on, and a failure
+    recovers from the newest that fit."""
+    r = rng("full")
+    fail, rank = r.choice([7, 9]), r.randint(0, 1)
+    schedule = [{"step": 0, "devices": 2}, {"step": fail, "fail": [rank]}]
+    run_dir = tmp_path / "full"
+    with Fault(f"a store of 4MiB (room for two snapshots of three kept), rank {rank} of 2 killed at {fail}"):
+        finish(cli(*run_job(run_dir, schedule, "--store-memory", "4MiB")))
+        recs = records(run_dir)
+        full = [x for x in recs if x.get("event") == "store_full"]
+        assert full and full[0]["skipped"] and full[0]["step"] == 6, full
+        assert all(x["error"].startswith("MemoryLimitError") for x in full), full
+        assert not [x for x in recs if x["kind"] in ("crash", "give_up")]
+        (recover,) = check_recovered_from_newest(recs, 2)
+        loaded = [x for x in recs if x.get("event") == "loaded"]
+        assert [x["step"] for x in loaded] == [recover["step"]] and recover["step"] not in [6], loaded
+        (end,) = [x for x in recs if x["kind"] == "finish"]
+        assert end["durable"].endswith("step-12"), end  # the final state saved (after room was made)
+        check_outcome(run_dir, static)
+        check_nothing_left(run_dir)
+
+
+def test_a_store_too_small_for_one_snapshot_ends_the_run_with_one_clear_error(tmp_path):
+    """No snapshot fits at all (1MiB): the periodic one is skipped, the final save fails even with nothing
+    else kept, and the run ends with exit 1 and one line saying so (not a crash loop, not a lost store)."""
+    run_dir = tmp_path / "tiny-store"
+    args = run_job(run_dir, [{"step": 0, "devices": 1}], "--store-memory", "1MiB")
+    args[args.index("--steps") + 1] = "4"
+    with Fault("a store of 1MiB (room for no snapshot of 1.6 MB)"):
+        p = cli(*args)
+        out, _ = p.communicate(timeout=180)
+        assert p.returncode == 1, out[-3000:]
+        line = "tenplex run: the state at step 4 does not fit in the stores: MemoryLimitError"
+        assert line in out and "--store-memory" in out, out[-3000:]
+        recs = records(run_dir)
+        assert [x["step"] for x in recs if x.get("event") == "store_full"] == [2, 4], recs
+        assert recs[-1]["kind"] == "give_up" and recs[-1]["step"] == 4, recs[-1]  # at once: no crash loop
+        stop_stores(run_dir)  # a failed run leaves its stores up, for a rerun
+        check_nothing_left(run_dir)
+
+
 @pytest.fixture(scope="module")
 def host_failure(tmp_path_factory) -> tuple[str, Path, list[str]]:
     """A job on two namespace hosts, store replication on, one host killed with its store at a drawn

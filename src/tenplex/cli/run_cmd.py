@@ -93,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         nic_gbps=args.nic_gbps,
         nic_latency_ms=args.nic_latency_ms,
         replicas=args.replicas,
+        store_memory=args.store_memory,
     )
     if args.network == "netns" and args.keep_stores:
         raise PTCError("--keep-stores needs loopback hosts: a namespace run removes its hosts when it ends")
@@ -203,6 +204,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="leave the emulated hosts' stores running after the job (for tenplex inspect / store ls)",
     )
     p.add_argument("--run-dir", help="where the timeline, plot and stores' state go (default runs/JOB)")
+    p.add_argument("--store-memory", type=size_arg, metavar="SIZE",
+                   help="the memory limit of every host's store, e.g. 512MiB (default 8GiB); a snapshot "
+                   "that does not fit is skipped, with a warning")  # fmt: skip
     _add_job_args(p, steps=50, model="tiny", batch=8)
     _add_network_args(p)
     p.set_defaults(func=run)

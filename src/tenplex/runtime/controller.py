@@ -34,7 +34,7 @@ from .spec import WorkerSpec
 
 log = logs.get("runtime")
 
-MAX_CRASHES = 3  # phases in a row whose ranks die on their own before the job gives up
+MAX_CRASHES = 3  # phases in a row whose ranks die on their own, none past the last crash, before giving up
 MAX_STANDBY = 16  # pre-imported rank processes kept ready for the next phase
 
 
@@ -59,19 +59,22 @@ class RunConfig:
     nic_gbps: float | None = None  # netns: each host's NIC, each way (None: unshaped)
     nic_latency_ms: float | None = None
     replicas: int = 0  # netns: copies of each snapshot blob on the next hosts' stores
+    store_memory: int | None = None  # bytes each host's store may hold (None: the hosts' default)
 
 
 class Controller:
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
+        memory = {} if cfg.store_memory is None else {"memory_limit": str(cfg.store_memory)}
         if cfg.network == "netns":
             from .netns_hosts import NamespaceHosts, NamespaceLauncher
 
-            self.hosts: EmulatedHosts = NamespaceHosts(cfg.run_dir, cfg.devices_per_host, cfg.nic_gbps,
-                                                       cfg.nic_latency_ms, cfg.replicas)  # fmt: skip
+            self.hosts: EmulatedHosts = NamespaceHosts(
+                cfg.run_dir, cfg.devices_per_host, cfg.nic_gbps, cfg.nic_latency_ms, cfg.replicas, **memory
+            )
         else:
-            self.hosts = EmulatedHosts(cfg.run_dir, cfg.devices_per_host)
+            self.hosts = EmulatedHosts(cfg.run_dir, cfg.devices_per_host, **memory)
         self.timeline = Records(cfg.run_dir / "timeline.jsonl")
         self.live = LiveView(cfg.steps, quiet=cfg.quiet)
         self.started = time.time()
@@ -127,7 +130,7 @@ class Controller:
         if not self.hosts.allocation:
             self._apply(first, step)
         self.launcher.fill()  # every rank the schedule will need imports from the start
-        index, prev, crashes = self._next_phase(), None, 0
+        index, prev, crashes, crashed_at = self._next_phase(), None, 0, -1
         while step < cfg.steps:
             while by_step and by_step[0].step <= step and not by_step[0].is_failure:
                 self._apply(by_step.pop(0), step)
@@ -136,7 +139,12 @@ class Controller:
             phase = self._launch(index, layout, step, until, prev)
             stop_at = self.started + by_time[0].time if by_time else None  # the next time event
             self.monitor.watch(phase, by_step, stop_at, bool(cfg.script) and self._overlap_exit())
-            crashes = crashes + 1 if phase.crashed and not phase.trained else 0  # crashes without progress
+            self._no_room_for(phase)
+            if phase.crashed:  # without progress: no step trained, or none past the last crash (replayed)
+                crashes = 0 if phase.trained and phase.last_step > crashed_at else crashes + 1
+                crashed_at = max(crashed_at, phase.last_step)
+            else:
+                crashes = 0
             self._give_up_after(crashes, phase)
             if phase.failed_at is not None:
                 survivors = self._handle_failure(phase)
@@ -172,6 +180,19 @@ class Controller:
         """Namespace hosts: each host's address and bytes in/out so far, into the timeline."""
         if self.cfg.network == "netns" and self.hosts.net.hosts:  # type: ignore[attr-defined]
             self.timeline.write("network", hosts=self.hosts.network())  # type: ignore[attr-defined]
+
+    def _no_room_for(self, phase: Phase) -> None:
+        """A final save that did not fit in the stores even with only the newest snapshot kept ends the job:
+        every later layout could only go back to an older step (and run into the same wall)."""
+        failed = next((r for r in phase.records if r["kind"] == "save_failed"), None)
+        if failed is None:
+            return
+        self.timeline.write("give_up", step=failed["step"], error=failed["error"])
+        self.live.close()
+        raise JobFailed(
+            f"the state at step {failed['step']} does not fit in the stores: {failed['error']} "
+            "(give them more memory: --store-memory)"
+        )
 
     def _give_up_after(self, crashes: int, phase: Phase) -> None:
         if crashes >= MAX_CRASHES:
@@ -275,6 +296,11 @@ class Controller:
             self.launcher.fill()
         if r["kind"] == "loaded" and r.get("skipped"):
             self._skipped(phase, r)
+        if r["kind"] == "store_full":
+            what = "skipped" if r["skipped"] else "tried again"
+            log.warning("phase %d: the save of step %d did not fit: %s", phase.index, r["step"], r["error"])
+            self.live.note(f"the snapshot of step {r['step']} did not fit in the stores ({what}); keeping "
+                           f"only the newest from now on: {r['error']}")  # fmt: skip
         first = r["kind"] == "step" and sum(x["kind"] == "step" for x in phase.records) == 1
         if first or (r["kind"] == "done" and not phase.trained):
             info = reconfiguration(self._prev, phase)

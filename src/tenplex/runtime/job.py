@@ -18,7 +18,9 @@ import torch
 import torch.distributed as dist
 
 from ..ptc import TenplexError
+from ..store import MemoryLimitError, StoreError
 from ..transformer import NoSnapshotError, SaveHandle, load, save
+from ..transformer.stores import client, resolve
 from ..transformer.world import init_distributed
 from .records import Records
 from .spec import WorkerSpec, job_name
@@ -165,25 +167,60 @@ class ElasticJob:
         self._last = now
         self.record("step", step=step, loss=float(loss), **metrics)
         if self.every and step % self.every == 0 and step < self.until:
-            if self._pending is not None:
-                self._pending.wait()
+            self._wait_pending()
             t = time.perf_counter()
             self._pending = save(
                 _state(state), job=self.name, step=step, store=self.store, async_save=True, keep=self.keep
             )
-            self.saved = step
             self.record("snapshot", step=step, stall=time.perf_counter() - t, mode="async")
 
+    def _wait_pending(self) -> None:
+        """The snapshot in flight committed (the newest this job saved), or was skipped because it did not
+        fit in the stores (every rank learns that from the save): training goes on (`_no_room`)."""
+        handle, self._pending = self._pending, None
+        if handle is None:
+            return
+        try:
+            handle.wait()
+        except MemoryLimitError as e:
+            self._no_room(handle.step, e, skipped=True)
+            return
+        self.saved = handle.step
+
+    def _no_room(self, step: int, error: MemoryLimitError, skipped: bool) -> None:
+        """A save did not fit in the stores: said in the records (`store_full`), and from now on the job
+        keeps only its newest snapshot, the older ones deleted now (room for the next; the newest complete
+        one is never deleted). Every rank calls it at the same point (a collective)."""
+        self.record(
+            "store_full", step=step, error=f"{type(error).__name__}: {error}", skipped=skipped, keep=1
+        )
+        self.keep = 1
+        if self.rank == 0:
+            for url in dict.fromkeys([resolve(self.store), *(self.sources or [])]):
+                try:
+                    client(url).retain(self.name, 1)
+                except StoreError:  # a store without the job, or gone
+                    pass
+        dist.barrier()
+
     def finish(self, state: State, step: int) -> None:
-        """Wait for snapshots in flight, save this step (unless already committed), and say done."""
-        if self._pending is not None:
-            self._pending.wait()
-            self._pending = None
+        """Wait for snapshots in flight, save this step (unless already committed), and say done. A final
+        save that does not fit is tried once more after the older snapshots made room; then the job ends
+        (`save_failed`): the next layout could only go back to an older step."""
+        self._wait_pending()
         if step == self.saved:  # loaded at this step, or snapshotted at it: that version holds this state
             self.record("saved", step=step, seconds=0.0, bytes=0, already=True)
         else:
             t = time.perf_counter()
-            h = save(_state(state), job=self.name, step=step, store=self.store, keep=self.keep)
+            try:
+                h = save(_state(state), job=self.name, step=step, store=self.store, keep=self.keep)
+            except MemoryLimitError as e:
+                self._no_room(step, e, skipped=False)
+                try:
+                    h = save(_state(state), job=self.name, step=step, store=self.store, keep=self.keep)
+                except MemoryLimitError as again:
+                    self.record("save_failed", step=step, error=f"{type(again).__name__}: {again}")
+                    raise
             self.saved = step
             self.record(
                 "saved", step=step, seconds=time.perf_counter() - t, bytes=h.bytes_written, phases=h.phases

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..ptc import values as value_codec
-from ..store import NotFoundError, StoreClient
+from ..store import MemoryLimitError, NotFoundError, StoreClient, StoreError
 from . import world
 from .breakdown import Breakdown
 from .errors import StateError
@@ -119,6 +119,8 @@ def save(
     with bd.phase("stage"):  # host copies: an asynchronous save writes them to the store in the background
         host = stage({n: shards[n].local for n in sorted(mine)}, copy_cpu=async_save)
 
+    failed: list[Exception] = []  # this rank's part that failed: every rank learns of it (`_agree`)
+
     def copy() -> None:
         """Into the store: shared memory copied and checksummed chunk by chunk (one pass), or the network."""
         try:
@@ -127,6 +129,8 @@ def save(
             with bd.phase("copy"):
                 items = [(blob_name(me, n), host.array(n), shards[n].dtype) for n in sorted(mine)]
                 own.write_blobs(job, step, items, save_id)
+        except Exception as e:  # a full store, say: raised on every rank after the barrier, not here
+            failed.append(e)
         finally:
             host.release()
 
@@ -135,23 +139,29 @@ def save(
     local_seconds = time.perf_counter() - started
     manifest = make_manifest(job, step, ptc, layout=found.layout, values=merged, save_id=save_id)
 
+    def commit() -> None:
+        with bd.phase("commit"):
+            # where each store copies its committed versions, so a load can find them when it dies
+            manifest["replicas"] = {u: client(u).health().get("replicas", []) for u in manifest["stores"]}
+            for url_ in manifest["stores"]:
+                client(url_).commit(job, step, manifest, wait_replicas=True, blobs=found.blobs[url_])
+        if keep is not None:  # only once committed everywhere: a crash in between must leave a version
+            with bd.phase("retain"):  # that is complete on every store
+                for url_ in manifest["stores"]:
+                    client(url_).retain(job, keep)
+
     def finish() -> None:
         if async_save:
             copy()
         with bd.phase("barrier"):
-            world.barrier(sync_group)
+            _agree(failed, sync_group, own, job, step)
         if me == 0:
-            with bd.phase("commit"):
-                # where each store copies its committed versions, so a load can find them when it dies
-                manifest["replicas"] = {u: client(u).health().get("replicas", []) for u in manifest["stores"]}
-                for url_ in manifest["stores"]:
-                    client(url_).commit(job, step, manifest, wait_replicas=True, blobs=found.blobs[url_])
-            if keep is not None:  # only once committed everywhere: a crash in between must leave a version
-                with bd.phase("retain"):  # that is complete on every store
-                    for url_ in manifest["stores"]:
-                        client(url_).retain(job, keep)
+            try:
+                commit()
+            except Exception as e:  # raised on every rank at the barrier: none waits for rank 0 there
+                failed.append(e)
         with bd.phase("barrier"):
-            world.barrier(sync_group)
+            _agree(failed, sync_group, None, job, step)
 
     handle = SaveHandle(job, step, written, local_seconds, bd)
     if not async_save:
@@ -170,6 +180,29 @@ def save(
     _pending.add(handle)
     handle._thread.start()
     return handle
+
+
+def _agree(failed: list[Exception], group: world.Group, own: StoreClient | None, job: str, step: int) -> None:
+    """The barrier of a save, where every rank learns whether every other one's part succeeded: if one
+    failed, every rank raises the same kind of error (the first failed rank its own, the others
+    `MemoryLimitError` for a full store, else `StateError`), none waits at a later barrier for a rank that
+    is gone, and with `own` the save's uncommitted blobs are deleted from this rank's store (their memory
+    back, for the next one)."""
+    mine = failed[0] if failed else None
+    status = None if mine is None else (getattr(mine, "kind", ""), f"{type(mine).__name__}: {mine}")
+    bad = [(r, s) for r, s in enumerate(world.all_gather(status, group)) if s is not None]
+    if not bad:
+        return
+    if own is not None:
+        try:
+            own.delete_version(job, step)
+        except StoreError:  # another rank of this host deleted it first, or the store is gone
+            pass
+    r, (kind, why) = bad[0]
+    if mine is not None and r == world.rank(group):
+        raise mine
+    cls = MemoryLimitError if kind == MemoryLimitError.kind else StateError
+    raise cls(f"the snapshot of {job!r} at step {step} was not saved: rank {r}: {why}") from mine
 
 
 def _replace_committed(own: StoreClient, job: str, step: int) -> None:

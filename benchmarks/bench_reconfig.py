@@ -62,7 +62,9 @@ from tenplex.ptc.gpt import GPTConfig
 from tenplex.runtime import netns
 from tenplex.store import start_store
 from tenplex.util import free_port
+from tenplex.util.format import human_bytes
 from tenplex.util.ranks import RanksFailed, run_local
+from tenplex.util.sizes import parse_size
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
@@ -96,6 +98,11 @@ PAIRS8 = {
     "combined": ([1, 8, 1], [2, 2, 2]),
     "dp-in": ([2, 4, 1], [1, 4, 1]),
 }
+
+
+def state_bytes(model: dict) -> int:
+    """Bytes of the state: parameters and both AdamW moments in fp32."""
+    return GPTConfig(**model).param_count() * 12
 
 
 def memcpy_bandwidth(nbytes: int = 256 << 20, repeat: int = 5) -> float:
@@ -154,6 +161,31 @@ def fs_type(path: Path) -> str:
         if inside and len(parts[1]) > len(best):
             best, kind = parts[1], parts[2]
     return kind
+
+
+def store_reserves(args, state: int, cases: int, hosts: int) -> list[int]:
+    """Bytes each store pre-faults at start (`--reserve`), store 0 (central mode's host) first: enough for
+    every first write of one repetition, so that neither mode pays the VM's first touch of fresh memory
+    (later repetitions recycle the freed files). Per case, store 0 takes its share of tenplex's save and
+    relay caches (<= 2 states), central mode's whole save and its load-only variant's relay cache (2
+    states); every other store its share and relay cache (<= 2 states, less with more hosts). Capped at
+    half a store's memory limit and, all stores together, at half the machine's available memory."""
+    if args.store_reserve != "auto":
+        return [parse_size(args.store_reserve)] * hosts
+    other = int(2 * state * min(1.0, 2 / hosts))
+    want = [cases * 4 * state] + [cases * other] * (hosts - 1)
+    cap = parse_size(args.store_memory) // 2
+    want = [min(w, cap) for w in want]
+    budget = available_memory() // 2
+    scale = min(1.0, budget / max(1, sum(want)))
+    return [int(w * scale) for w in want]
+
+
+def available_memory() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 8 << 30
 
 
 def run_world(spec: dict, timeout: float, world: int = 4, net=None, hosts: list[str] | None = None,
@@ -258,6 +290,22 @@ def nic_by_host(per_rank: list[dict], key: str) -> dict[str, dict]:
     return out
 
 
+NIC_MEASURES = ("load", "central_save", "central", "central_local")
+
+
+def busiest_link(nic: dict[str, dict]) -> int:
+    """The most bytes one host's link carried in one direction."""
+    return max((max(v["bytes_in"], v["bytes_out"]) for v in nic.values()), default=0)
+
+
+def paths(per_rank: list[dict]) -> dict:
+    """Which data paths the ranks took: each rank's own store through shared memory (the same-host path),
+    and whether those stores keep blobs on huge pages."""
+    seen = [r["paths"] for r in per_rank if "paths" in r]
+    return {"own_store_shm": all(p["own_store_shm"] for p in seen),
+            "huge_pages": all(p["huge_pages"] for p in seen)}  # fmt: skip
+
+
 def summarise(ranks: list[dict], mem_bw: float, sock_bw: float, shaped_bw: float | None = None) -> dict:
     case = ranks[0]["case"]
     reps = [[r["reps"][i] for r in ranks] for i in range(len(ranks[0]["reps"]))]
@@ -268,12 +316,16 @@ def summarise(ranks: list[dict], mem_bw: float, sock_bw: float, shaped_bw: float
     plan = next(r["plan_bytes"] for r in per_rank if "plan_bytes" in r)
     saved = sum(r["saved_bytes"] for r in per_rank)
     save, load = slowest(reps, "save"), slowest(reps, "load")
-    central = slowest(reps, "central_load")
+    central_save, central = slowest(reps, "central_save"), slowest(reps, "central_load")
+    central_local = slowest(reps, "central_local_load")
     total = save + load
     local = saved + moved["kept"] + moved["same_host"] + moved["relayed"]
-    nic, nic_c = nic_by_host(per_rank, "nic_load"), nic_by_host(per_rank, "nic_central")
-    busiest = max((max(v["bytes_in"], v["bytes_out"]) for v in nic.values()), default=0)
-    busiest_c = max((max(v["bytes_in"], v["bytes_out"]) for v in nic_c.values()), default=0)
+    nic = nic_by_host(per_rank, "nic_load")
+    busiest = busiest_link(nic)
+    # central mode's save and load run one after the other, so their busiest links' times add up
+    busiest_c = busiest_link(nic_by_host(per_rank, "nic_central_save")) + busiest_link(
+        nic_by_host(per_rank, "nic_central")
+    )
     if shaped_bw:  # namespace hosts: the busiest shaped link bounds the cross-host part
         floor = local / mem_bw + busiest / shaped_bw
     else:
@@ -294,32 +346,47 @@ def summarise(ranks: list[dict], mem_bw: float, sock_bw: float, shaped_bw: float
         "cross_GB": moved["cross_host"] / gb,
         "cross_lb_GB": plan["cross_host_lower_bound"] / gb,
         "plan": plan,
+        "central_save_s": central_save,
         "central_load_s": central,
-        "central_total_s": save + central,
+        "central_total_s": central_save + central,
+        "central_local_load_s": central_local,
         "floor_s": floor,
-        "x_central": (save + central) / total,
+        "x_central": (central_save + central) / total,
+        "x_central_load": (save + central_local) / total,
         "x_floor": total / floor,
         "reps": {
             "save_s": each_rep(reps, "save"),
             "load_s": each_rep(reps, "load"),
+            "central_save_s": each_rep(reps, "central_save"),
             "central_load_s": each_rep(reps, "central_load"),
+            "central_local_load_s": each_rep(reps, "central_local_load"),
         },
+        "paths": paths(per_rank),
         "bad": sorted({b for pr in reps for r in pr for k in ("bad", "bad_central") for b in r.get(k, [])}),
     }
-    best = min(
-        range(len(reps)), key=lambda i: each_rep([reps[i]], "save")[0] + each_rep([reps[i]], "load")[0]
-    )
+    reps_load = each_rep(reps, "load")
+    best = min(range(len(reps)), key=lambda i: each_rep(reps, "save")[i] + reps_load[i])
     for kind in ("save", "load"):  # seconds by phase: the slowest rank per phase, in the best repetition
         phases = [r.get(f"{kind}_phases", {}) for r in reps[best]]
         row[f"{kind}_phases"] = {k: max(p.get(k, 0.0) for p in phases) for k in sorted(set().union(*phases))}
     if shaped_bw:
+        # the cross-host part: the time the cross-host bytes were in flight, taken as the slowest rank's
+        # network phase (network_reads and relayed_reads run in parallel from the start of `reads`, so the
+        # longer of the two), in the same repetition as the breakdown
+        cross = max(max(r.get("load_phases", {}).get(k, 0.0) for k in ("network_reads", "relayed_reads"))
+                    for r in reps[best])  # fmt: skip
+        bound = busiest / shaped_bw
+        counters = {m: nic_by_host(per_rank, f"nic_{m}") for m in NIC_MEASURES}
         row.update(
             nic_gbps_measured=shaped_bw * 8 / 1e9,
             busiest_GB=busiest / gb,
             central_busiest_GB=busiest_c / gb,
-            cross_bound_s=busiest / shaped_bw,
-            x_cross_bound=load / (busiest / shaped_bw) if busiest else None,
-            nic={h: {"load": nic.get(h), "central": nic_c.get(h)} for h in sorted(set(nic) | set(nic_c))},
+            cross_bound_s=bound,
+            central_bound_s=busiest_c / shaped_bw,
+            cross_s=cross,
+            x_cross_bound=cross / bound if busiest else None,
+            x_load_bound=reps_load[best] / bound if busiest else None,
+            nic={h: {m: by[h] for m, by in counters.items() if h in by} for h in sorted(nic)},
         )
     for kind in ("dcp_disk", "dcp_shm", "dcp_tenplex"):
         if not any(kind in r for r in per_rank):
@@ -339,6 +406,12 @@ def summarise(ranks: list[dict], mem_bw: float, sock_bw: float, shaped_bw: float
     return row
 
 
+# the Fig. 14-like table (scripts/tables.py prints the same columns)
+NETNS_COLUMNS = [
+    "change", "hosts", "save_s", "load_s", "total_s", "central_save_s", "central_load_s", "central_total_s",
+    "x_central", "x_central_load", "busiest_GB", "central_busiest_GB", "cross_bound_s", "cross_s",
+    "x_cross_bound", "x_load_bound", "nic_gbps_measured",
+]  # fmt: skip
 SAVE_PHASES = ["describe", "create", "gather", "plan", "stage", "copy", "barrier", "commit"]
 LOAD_PHASES = ["describe", "gather", "choose", "plan", "reads", "shm_reads", "network_reads", "relayed_reads",
                "barrier", "write", "restore", "drop_relays"]  # fmt: skip
@@ -373,7 +446,9 @@ def make_cases(args, hosts: int) -> list[dict]:
 def run_loopback(args, model: dict, disk: Path, shm: Path) -> dict:
     """Every case in one 4-rank world; hosts = stores A and B on loopback ports."""
     cases = [c for h in args.hosts.split(",") for c in make_cases(args, int(h)) if int(h) <= 2]
-    a, b = start_store(memory_limit=args.store_memory), start_store(memory_limit=args.store_memory)
+    reserve = store_reserves(args, state_bytes(model), len(cases), 2)
+    print(f"  store reserves: {', '.join(human_bytes(r) for r in reserve)}", flush=True)
+    a, b = (start_store(memory_limit=args.store_memory, extra=["--reserve", str(r)]) for r in reserve)
     try:
         spec = {"model": model, "store_a": a.url, "store_b": b.url, "disk_dir": str(disk),
                 "shm_dir": str(shm), "cases": cases, "repeat": args.repeat}  # fmt: skip
@@ -401,10 +476,13 @@ def run_netns(args, model: dict, disk: Path, shm: Path) -> list[dict]:
             if h < 2:
                 raise SystemExit("--network netns needs at least 2 hosts")
             world, cases = max(4, h), make_cases(args, h)
+            reserve = store_reserves(args, state_bytes(model), len(cases), h)
+            print(f"  {h} hosts: store reserves {', '.join(human_bytes(r) for r in reserve)}", flush=True)
             with netns.Network(prefix, gbps=args.nic_gbps, latency_ms=args.nic_latency_ms) as net:
                 names = [net.add_host(f"h{i}").name for i in range(h)]
                 urls = [net.start_store(n, str(token_file), str(Path(tmp) / f"store-{h}-{n}.log"),
-                                        memory_limit=args.store_memory)[0] for n in names]  # fmt: skip
+                                        memory_limit=args.store_memory, extra=["--reserve", str(r)],
+                                        timeout=120)[0] for n, r in zip(names, reserve)]  # fmt: skip
                 on = [names[r * h // world] for r in range(world)]
                 before = ring_bandwidth(net, names, probe)
                 spec = {"model": model, "store_a": urls[0], "store_b": urls[-1], "disk_dir": str(disk),
@@ -429,6 +507,8 @@ def main() -> None:
     p.add_argument("--no-dcp", action="store_true", help="skip the DCP baselines")
     p.add_argument("--repeat", type=int, default=2, help="repetitions per case; the best one counts")
     p.add_argument("--store-memory", default="8GiB")
+    p.add_argument("--store-reserve", default="auto",
+                   help="each store's --reserve; auto: one repetition's writes")  # fmt: skip
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--out", default=None)
     p.add_argument("--network", choices=("loopback", "netns"), default="loopback",
@@ -478,13 +558,14 @@ def main() -> None:
         rows,
         ["change", "src", "dst", "hosts", "save_s", "load_s", "total_s", "kept_GB", "same_host_GB",
          "relayed_GB", "cross_GB", "cross_lb_GB", "x_dcp_disk", "x_dcp_disk_cold", "x_dcp_shm",
-         "x_dcp_tenplex", "x_central", "x_floor"],
+         "x_dcp_tenplex", "x_central", "x_central_load", "x_floor"],
     )  # fmt: skip
     print_rows(
         "baselines (s)",
         rows,
         ["change", "hosts", "dcp_disk_save_s", "dcp_disk_load_s", "dcp_disk_load_cold_s", "dcp_shm_save_s",
-         "dcp_shm_load_s", "dcp_tenplex_save_s", "dcp_tenplex_load_s", "central_load_s", "floor_s"],
+         "dcp_shm_load_s", "dcp_tenplex_save_s", "dcp_tenplex_load_s", "central_save_s", "central_load_s",
+         "central_local_load_s", "floor_s"],
     )  # fmt: skip
     print_breakdown(rows)
     if args.network == "netns":
@@ -492,9 +573,11 @@ def main() -> None:
             f"tenplex vs central on namespace hosts, NIC {args.nic_gbps or 'unshaped'} Gbit/s each way "
             "(Fig. 14-like; busiest = the most bytes one host's link carried in one direction)",
             rows,
-            ["change", "hosts", "total_s", "central_total_s", "x_central", "busiest_GB", "central_busiest_GB",
-             "cross_bound_s", "load_s", "x_cross_bound", "nic_gbps_measured"],
-        )  # fmt: skip
+            NETNS_COLUMNS,
+        )
+    off = [(r["change"], r["hosts"]) for r in rows if not r["paths"]["own_store_shm"]]
+    if off:
+        print("some ranks reached their own host's store over the network, not shared memory:", off)
     bad = [(r["change"], r["hosts"], r["bad"]) for r in rows if r["bad"]]
     if bad:
         print("WRONG VALUES after load:", bad)

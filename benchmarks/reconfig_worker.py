@@ -3,7 +3,10 @@
 For each case the rank builds its part of the reference GPT's state (parameters + AdamW moments as
 DTensors in the source layout, plus plain values), then times, between barriers:
 
-- tenplex: `save` into its host's store, `load` into the target layout, `load(central=True)`;
+- tenplex: `save` into its host's store, `load` into the target layout;
+- central mode (the paper's Tenplex-Central): `save(store=<host 0's store>)` (every rank's shards into
+  host 0's store, over the network from the other hosts), then `load(central=True)` from it; and, for
+  `x_central_load`, `load(central=True)` of tenplex's locally saved snapshot (only the load through host 0);
 - PyTorch DCP: `dcp.save` -> `dcp.load` through a local-disk directory (fsync'd) and through /dev/shm.
 - `dcp_tenplex`: DCP's planner on tenplex's stores (`tenplex.dcp.StoreWriter` / `StoreReader`).
 
@@ -31,6 +34,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 import tenplex
 from tenplex.ptc.gpt import GPTConfig, param_shapes, stage_layers
 from tenplex.store import StoreClient
+from tenplex.transformer.stores import client
 
 KINDS = {"param": 0.0, "exp_avg": 0.25, "exp_avg_sq": 0.5}  # salt per kind of tensor
 PARAM_GROUPS = [{"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}]
@@ -232,10 +236,15 @@ def run_case(case: dict, cfg: GPTConfig, groups: dict, rank: int, stores: dict, 
     else:
         os.environ["TENPLEX_STORE"] = stores["a"] if hosts == 1 or rank < 2 else stores["b"]
     job = f"reconfig-{case['name']}-{hosts}h-{tag}"
+    hub = stores["rank_stores"][0] if "rank_stores" in stores else stores["a"]  # central mode's host 0
     src = build(cfg, la, rank, zeros=False) if in_a else None
     dst = build(cfg, lb, rank, zeros=True) if in_b else None
     res: dict = {"rank": rank, "src_bytes": local_bytes(src) if in_a else 0,
-                 "host": os.environ.get("TENPLEX_BENCH_HOST"), "nic_load": {}, "nic_central": {}}  # fmt: skip
+                 "host": os.environ.get("TENPLEX_BENCH_HOST"), "nic_load": {}, "nic_central_save": {},
+                 "nic_central": {}, "nic_central_local": {}}  # fmt: skip
+    own = os.environ["TENPLEX_STORE"]
+    res["paths"] = {"own_store_shm": client(own).is_local, "hub_shm": client(hub).is_local,
+                    "huge_pages": client(own).health().get("huge_pages")}  # fmt: skip
 
     t_save, handle = timed(lambda: tenplex.save(src, job=job, step=1, process_group=ga), in_a)
     res["save"] = t_save
@@ -248,19 +257,30 @@ def run_case(case: dict, cfg: GPTConfig, groups: dict, rank: int, stores: dict, 
         res["load_phases"] = info.phases
         res["bad"] = check(dst)
     zero_b(dst, in_b)
-    t_central, info_c = timed(
-        lambda: tenplex.load(dst, job=job, central=True, process_group=gb), in_b, res["nic_central"]
+    # central mode with the snapshot saved locally: only the load goes through host 0 (`x_central_load`)
+    t_local, info_l = timed(
+        lambda: tenplex.load(dst, job=job, central=True, process_group=gb), in_b, res["nic_central_local"]
     )
+    res["central_local_load"] = t_local
+    res["bad_central"] = check(dst) if info_l is not None else []
+    # central mode as the original's Tenplex-Central: every rank saves into host 0's store (over the
+    # network from the other hosts), and every rank loads from it
+    t_csave, _ = timed(lambda: tenplex.save(src, job=f"{job}-central", step=1, store=hub, process_group=ga),
+                       in_a, res["nic_central_save"])  # fmt: skip
+    res["central_save"] = t_csave
+    zero_b(dst, in_b)
+    t_central, info_c = timed(lambda: tenplex.load(dst, job=f"{job}-central", central=True, process_group=gb),
+                              in_b, res["nic_central"])  # fmt: skip
     res["central_load"] = t_central
     if info_c is not None:
         res["central_bytes"] = info_c.bytes
-        res["bad_central"] = check(dst)
+        res["bad_central"] += check(dst)
     if case.get("dcp", True):
         res["dcp_tenplex"] = run_dcp_tenplex(src, dst, f"{job}-dcp", ga, gb, in_a, in_b, rank)
     dist.barrier()
     if rank == 0:
         for url in sorted(set(stores.get("rank_stores", [])) | {stores["a"], stores["b"]}):
-            for j in (job, f"{job}-dcp"):
+            for j in (job, f"{job}-dcp", f"{job}-central"):
                 if j in StoreClient(url).jobs():
                     StoreClient(url).delete_job(j)
     if case.get("dcp", True):

@@ -12,7 +12,10 @@ TENPLEX_EMULATED_HOSTS=1), one 4-rank gloo world measures in the same run on the
   file is fsync'd, then the directory), load warm (pages still cached) and cold (our files' pages dropped
   with posix_fadvise(DONTNEED) first);
 - (b) DCP through /dev/shm;
-- (c) tenplex central mode: the same save + `load(central=True)` (every byte through host A's store);
+- (c) central mode as the original's Tenplex-Central (`--central`: "all state is saved to, transformed on
+  and loaded from one node"): every rank saves into host A's store (`save(store=A)`, over the network from
+  the other hosts), then every rank loads from it (`load(central=True)`); and, as before, tenplex's own
+  save followed by `load(central=True)` (only the load through host A: `x_central_load`);
 - (d) the floor: (saved + kept + same-host + relayed bytes) / memcpy bandwidth + the plan's cross-host lower
   bound / raw-socket bandwidth, both bandwidths measured in this run, before and after the cases, the
   better of the two counting (single-threaded `np.copyto` of 256 MiB into paged-in memory, best of 5; one
@@ -20,10 +23,16 @@ TENPLEX_EMULATED_HOSTS=1), one 4-rank gloo world measures in the same run on the
 
 Before the timed cases an untimed warm-up runs the whole sequence once on a tiny model, with 1 and 2 hosts.
 `--repeat N` runs each case N times (fresh job each time) and keeps the best repetition per measurement.
+Every store pre-faults `--reserve` memory at start (`--store-reserve`, default: an upper bound of one
+repetition's first writes into it, capped), so that no mode pays the VM's first touch of fresh pages; each
+row's `paths` says whether every rank reached its own host's store through shared memory, and whether
+that store keeps blobs on huge pages.
 
 Ratios: `x_dcp_disk` = DCP disk (save + warm load) / tenplex (save + load), likewise `x_dcp_shm`,
-`x_dcp_tenplex` (DCP's planner on tenplex's stores, through tenplex.dcp) and `x_central` (> 1: tenplex is
-faster); `x_floor` = tenplex / floor (>= 1; 1 would be at the floor).
+`x_dcp_tenplex` (DCP's planner on tenplex's stores, through tenplex.dcp), `x_central` = central mode's
+(save into host A + load from it) / tenplex's (save + load) and `x_central_load` = (tenplex's save + the
+load through host A) / tenplex (> 1: tenplex is faster); `x_floor` = tenplex / floor (>= 1; 1 would be at
+the floor).
 
     python benchmarks/bench_reconfig.py                # ~1.2 GB of state, 2 repetitions: about 7-8 minutes
     python benchmarks/bench_reconfig.py --repeat 1     # about 4 minutes
@@ -37,6 +46,11 @@ on 8 hosts (the changes with every dimension's size doubled where it holds the r
 floor is the busiest host's bytes (its interface counters over the load) / the shaped bandwidth, measured
 in the same run with every host sending to the next at once (wire bytes per second, the lower of the
 hosts). DCP's files are on a file system every namespace host shares, so its baselines cross no link.
+The cross-host part of tenplex's time, `cross_s`, is the time its cross-host bytes were in flight, taken as
+the slowest rank's network phase (the longer of `network_reads` and `relayed_reads`, which run in parallel
+from the start of the load's reads); `x_cross_bound` = cross_s / that floor, and `x_load_bound` = the whole
+load (with choose, plan, barriers, local copies) / the floor. Central mode's save and load run one after
+the other, so `central_busiest_GB` adds the busiest link's bytes of each.
 
     python benchmarks/bench_reconfig.py --network netns --nic-gbps 1 --hosts 2,4 --quick --repeat 1
 """
@@ -409,8 +423,8 @@ def summarise(ranks: list[dict], mem_bw: float, sock_bw: float, shaped_bw: float
 # the Fig. 14-like table (scripts/tables.py prints the same columns)
 NETNS_COLUMNS = [
     "change", "hosts", "save_s", "load_s", "total_s", "central_save_s", "central_load_s", "central_total_s",
-    "x_central", "x_central_load", "busiest_GB", "central_busiest_GB", "cross_bound_s", "cross_s",
-    "x_cross_bound", "x_load_bound", "nic_gbps_measured",
+    "x_central", "x_central_load", "busiest_GB", "central_busiest_GB", "cross_bound_s", "central_bound_s",
+    "cross_s", "x_cross_bound", "x_load_bound", "nic_gbps_measured",
 ]  # fmt: skip
 SAVE_PHASES = ["describe", "create", "gather", "plan", "stage", "copy", "barrier", "commit"]
 LOAD_PHASES = ["describe", "gather", "choose", "plan", "reads", "shm_reads", "network_reads", "relayed_reads",

@@ -84,6 +84,20 @@ def plain(keys: str) -> tuple[tuple[str, Cell], ...]:
     return tuple((k, key(k)) for k in keys.split())
 
 
+def central(name: str) -> Cell:
+    """A central-mode figure of bench_reconfig. Rows of runs from before central mode saved into host 0's
+    store too (no `central_save_s`) measured only the load through host 0: there `x_central` and
+    `central_load_s` are what newer runs call `x_central_load` and `central_local_load_s`."""
+    old = {"x_central_load": "x_central", "central_local_load_s": "central_load_s"}
+
+    def cell(row: dict) -> str:
+        if "central_save_s" in row:
+            return num(row.get(name))
+        return num(row.get(old[name])) if name in old else "–"
+
+    return cell
+
+
 def binary(n: float | None) -> str:
     """Bytes in binary units, as the demo's own report prints them."""
     if n is None:
@@ -225,17 +239,27 @@ TABLES: dict[str, Table] = {
     "reconfig": Table(
         "bench_reconfig.json",
         RECONFIG,
-        plain(
-            "change src dst hosts save_s load_s total_s kept_GB same_host_GB relayed_GB cross_GB "
-            "cross_lb_GB x_dcp_disk x_dcp_disk_cold x_dcp_shm x_central x_floor"
+        (
+            *plain(
+                "change src dst hosts save_s load_s total_s kept_GB same_host_GB relayed_GB cross_GB "
+                "cross_lb_GB x_dcp_disk x_dcp_disk_cold x_dcp_shm"
+            ),
+            ("x_central", central("x_central")),
+            ("x_central_load", central("x_central_load")),
+            ("x_floor", key("x_floor")),
         ),
     ),
     "reconfig-baselines": Table(
         "bench_reconfig.json",
         RECONFIG,
-        plain(
-            "change hosts dcp_disk_save_s dcp_disk_load_s dcp_disk_load_cold_s dcp_shm_save_s "
-            "dcp_shm_load_s central_load_s floor_s"
+        (
+            *plain(
+                "change hosts dcp_disk_save_s dcp_disk_load_s dcp_disk_load_cold_s dcp_shm_save_s "
+                "dcp_shm_load_s central_save_s"
+            ),
+            ("central_load_s", central("central_load_s")),
+            ("central_local_load_s", central("central_local_load_s")),
+            ("floor_s", key("floor_s")),
         ),
     ),
     "reconfig-dcp": Table(
@@ -247,8 +271,17 @@ TABLES: dict[str, Table] = {
         "bench_reconfig_netns.json",
         f"sudo -E {RECONFIG} --network netns",
         plain(
-            "change hosts total_s central_total_s x_central busiest_GB central_busiest_GB "
-            "cross_bound_s load_s x_cross_bound nic_gbps_measured"
+            "change hosts save_s load_s total_s central_save_s central_load_s central_total_s x_central "
+            "x_central_load busiest_GB central_busiest_GB cross_bound_s central_bound_s cross_s "
+            "x_cross_bound x_load_bound nic_gbps_measured"
+        ),
+    ),
+    "reconfig-netns-target": Table(
+        "bench_reconfig_netns.json",
+        f"sudo -E {RECONFIG} --network netns",
+        plain(
+            "change hosts total_s central_total_s x_central x_central_load "
+            "cross_s cross_bound_s x_cross_bound"
         ),
     ),
     "snapshot": Table(

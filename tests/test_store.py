@@ -387,6 +387,31 @@ def test_memory_limit_refuses_writes_and_keeps_committed_data():
             assert c.stats()["memory_used"] == 0
 
 
+def test_a_relay_request_of_many_boxes_fetches_them_together(request):
+    """50 blobs relayed in one request (and a box named twice): each arrives right, each is cached once, and
+    the remote store answers a handful of requests, not one or more per box."""
+    job = job_name(request)
+    with start_store(memory_limit="64MiB") as remote, start_store(memory_limit="64MiB") as here:
+        rc = remote.client(local=False)
+        blobs = {f"w{i}": sample("float32", (16, 8 + i), i) for i in range(50)}
+        rc.write_blobs(job, 3, [(n, a, None) for n, a in blobs.items()])
+        rc.commit(job, 3, None)
+        before = rc.stats()["requests"]
+        box = Box((2, 1), (9, 7))
+        for local in (True, False):
+            items = [(n, box, np.empty(box.shape, np.float32)) for n in blobs] + [
+                ("w7", None, np.empty((16, 15), np.float32))
+            ]
+            here.client(local=local).fetch_remote_many(remote.url, job, 3, items)
+            for n, b, out in items:
+                np.testing.assert_array_equal(out, blobs[n][b.slices()] if b is not None else blobs[n])
+        assert here.client().stats()["relay_blobs"] == 51
+        assert rc.stats()["requests"] - before <= 12  # per fetch: hello, blobs list, one batched read
+        with pytest.raises(NotFoundError):
+            here.client().fetch_remote_many(remote.url, job, 3, [("nope", None, np.empty(1, np.float32))])
+        assert here.client().stats()["relay_blobs"] == 51  # the failed fetch left nothing behind
+
+
 def test_relay_fetches_remote_bytes_once(request):
     job = job_name(request)
     with start_store(memory_limit="64MiB") as remote, start_store(memory_limit="64MiB") as here:

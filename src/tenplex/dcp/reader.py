@@ -24,7 +24,7 @@ from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
 from ..ptc import PTC, Box
-from ..store import StoreError, read_many
+from ..store import StoreError, read_many, relay_many
 from ..store.keys import check_job, check_step
 from ..transformer import world
 from ..transformer.errors import ShapeMismatchError, StateError, UnrecoverableError
@@ -193,15 +193,11 @@ class StoreReader(StorageReader):
                     direct.append((client(url), self.job, step, blob, box, out))
             self.relayed = len(relayed)
             try:
-                with ThreadPoolExecutor(max_workers=8) as pool:
-                    job = self.job
-                    sid = self._chosen[1].get("save_id")  # every read of the chosen save only
-                    futs = [
-                        pool.submit(own.fetch_remote, u, job, step, b, x, o, sid) for u, b, x, o in relayed
-                    ]
+                sid = self._chosen[1].get("save_id")  # every read of the chosen save only
+                with ThreadPoolExecutor(max_workers=1) as pool:
+                    relays = pool.submit(relay_many, [(own, *r) for r in relayed], self.job, step, 8, sid)
                     read_many(direct, 8, sid)
-                    for f in futs:
-                        f.result()
+                    relays.result()
             except StoreError as e:
                 raise StateError(f"loading the snapshot of {self.job!r} at step {step}: {e}") from e
         finally:

@@ -38,6 +38,7 @@ __all__ = ["DEFAULT_PORT", "DEFAULT_URL", "StoreClient", "read_many"]
 
 BoxRequest = tuple[str, Box, np.ndarray]  # (blob name, box, out)
 MAX_BATCH = 4096  # blobs in one allocate or seal request (the daemon's MAX_BOXES)
+RELAY_BATCH = 256  # boxes in one relay request
 
 
 class StoreClient(DatasetClient):
@@ -328,23 +329,40 @@ class StoreClient(DatasetClient):
         `peer_url` once, cache it, and serve it from there — so ranks of one host that need the same remote
         bytes move them across the network once. The cache lives until the local store's version
         (job, step) is deleted or `drop_relay(job, step)` is called."""
-        payload = {
-            "peer": peer_url, "job": check_job(job), "step": check_step(step), "name": check_name(name),
-            "box": None if box is None else box.to_json(), "local": self.is_local, "save_id": save_id,
-        }  # fmt: skip
-        if box is not None and tuple(out.shape) != box.shape:
-            raise BadRequestError(f"out must have the box's shape {list(box.shape)}")
-        if self.is_local:
+        self.fetch_remote_many(peer_url, job, step, [(name, box, out)], save_id)
+
+    def fetch_remote_many(
+        self,
+        peer_url: str,
+        job: str,
+        step: int,
+        items: Sequence[tuple[str, Box | None, np.ndarray]],
+        save_id: str | None = None,
+    ) -> None:
+        """`fetch_remote` for many (name, box, out) of one peer's version: one relay request per batch, and
+        the store fetches what it lacks of a batch in batched reads over one connection."""
+        for name, box, out in items:
+            check_name(name)
+            if box is not None and tuple(out.shape) != box.shape:
+                raise BadRequestError(f"out for {name!r} must have the box's shape {list(box.shape)}")
+        for start in range(0, len(items), RELAY_BATCH):
+            part = items[start : start + RELAY_BATCH]
+            payload = {
+                "peer": peer_url, "job": check_job(job), "step": check_step(step), "local": self.is_local,
+                "boxes": [{"name": n, "box": None if b is None else b.to_json()} for n, b, _ in part],
+                "save_id": save_id,
+            }  # fmt: skip
+            if not self.is_local:
+                self.request("POST", "/v1/relay", payload, reader=into([o for _, _, o in part]))
+                continue
             pin: list[Conn] = []
-            info = self.request("POST", "/v1/relay", payload, hold=pin)
+            found = self.request("POST", "/v1/relay", payload, hold=pin)
             try:
-                self._copy_local(
-                    info, Box.full(tuple(info["shape"])), out, f"relay {peer_url} {job}@{step}/{name}"
-                )
+                for info, (name, _, out) in zip(found["blobs"], part, strict=True):
+                    whole = Box.full(tuple(info["shape"]))
+                    self._copy_local(info, whole, out, f"relay {peer_url} {job}@{step}/{name}")
             finally:
-                self._unlease(info["lease"], pin)
-        else:
-            self.request("POST", "/v1/relay", payload, reader=into([out]))
+                self._unlease(found["lease"], pin)
 
     def drop_relay(self, job: str, step: int) -> int:
         """Free the relay cache entries of (job, step); returns how many were dropped."""
@@ -380,6 +398,32 @@ def read_many(
         return
     with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(work)))) as pool:
         futures = [pool.submit(c.read_boxes, job, step, g, save_id) for c, job, step, g in work]
+        errors = [f.exception() for f in futures]
+    for e in errors:
+        if e is not None:
+            raise e
+
+
+def relay_many(
+    requests: Iterable[tuple[StoreClient, str, str, Box | None, np.ndarray]],
+    job: str,
+    step: int,
+    concurrency: int = 8,
+    save_id: str | None = None,
+) -> None:
+    """Relayed reads (client of this host's store, peer URL, blob, box, out): one `fetch_remote_many`
+    per (store, peer) and batch, at most `concurrency` in flight."""
+    groups: dict[tuple[int, str], list[tuple[str, Box | None, np.ndarray]]] = {}
+    clients: dict[int, StoreClient] = {}
+    for c, peer, name, box, out in requests:
+        clients[id(c)] = c
+        groups.setdefault((id(c), peer), []).append((name, box, out))
+    work = [(clients[k], peer, items[i : i + RELAY_BATCH])
+            for (k, peer), items in groups.items() for i in range(0, len(items), RELAY_BATCH)]  # fmt: skip
+    if not work:
+        return
+    with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(work)))) as pool:
+        futures = [pool.submit(c.fetch_remote_many, peer, job, step, part, save_id) for c, peer, part in work]
         errors = [f.exception() for f in futures]
     for e in errors:
         if e is not None:

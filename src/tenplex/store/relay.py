@@ -1,7 +1,9 @@
 """Relay: this host's store fetches a box of a blob held by a remote store once and serves it to local ranks.
 
 Without it, every rank of a host that needs the same remote bytes pulls them across the network itself.
-Concurrent requests for the same piece wait for the first fetch (single flight). Cached pieces count
+A request names many boxes; the missing ones are fetched from the peer in batched reads over one
+proven connection (a round trip and a peer proof per box cost more than a small box's bytes). Concurrent
+requests for the same piece wait for the first fetch (single flight). Cached pieces count
 against the memory limit and stay until the local version (job, step) is deleted or dropped explicitly.
 A piece is keyed by the save it was read from (`save_id`): a request for one save is never answered with
 another's bytes; the fetch itself is a checked network read (trailer checksums) of that save.
@@ -17,10 +19,13 @@ from typing import Any
 from .boxio import blob_array
 from .catalog import Blob, Catalog, check_save_id
 from .checksum import chunk_digests
-from .client import StoreClient
+from .client import StoreClient, read_many
+from .errors import BadRequestError, NotFoundError
 from .keys import check_box, check_job, check_name, check_step
 
 Key = tuple[str, str, int, str, str, str | None]
+MAX_RELAY = 4096  # boxes in one relay request
+FETCHES = 4  # network reads in flight for one relay request
 
 
 class RelayCache:
@@ -32,52 +37,84 @@ class RelayCache:
         self._pending: dict[Key, threading.Event] = {}
         self._lock = threading.Lock()
 
-    def get(self, body: dict[str, Any]) -> Blob:
-        """The cached piece named by a relay request body, fetching it first if needed."""
+    def get(self, body: dict[str, Any]) -> list[Blob]:
+        """The cached pieces a relay request body names (`boxes`: [{name, box}], box null: the whole blob),
+        in its order; the missing ones are fetched from the peer together, over one connection."""
         peer, job = str(body.get("peer")), check_job(body.get("job"))
-        step, name = check_step(body.get("step")), check_name(body.get("name"))
-        box, save_id = body.get("box"), body.get("save_id")
+        step, save_id = check_step(body.get("step")), body.get("save_id")
         save_id = None if save_id is None else check_save_id(save_id)
-        key = (peer, job, step, name, json.dumps(box), save_id)
-        while True:
+        items = body.get("boxes")
+        if not isinstance(items, list) or not items or len(items) > MAX_RELAY:
+            raise BadRequestError(f'expected "boxes": [{{"name": ..., "box": ...}}, ...] (1 to {MAX_RELAY})')
+        if not all(isinstance(i, dict) for i in items):
+            raise BadRequestError('every entry of "boxes" must be {"name": ..., "box": ...}')
+        order: list[Key] = []  # one per entry (a box named twice is served twice), fetched once
+        wanted: dict[Key, Any] = {}
+        for i in items:
+            box = i.get("box")
+            order.append((peer, job, step, check_name(i.get("name")), json.dumps(box), save_id))
+            wanted[order[-1]] = box
+        keys = list(wanted)
+        got: dict[Key, Blob] = {}
+        while len(got) < len(keys):
+            mine: dict[Key, threading.Event] = {}
+            others: list[threading.Event] = []
             with self._lock:
-                blob = self.blobs.get(key)
-                if blob is not None:
-                    return blob
-                event = self._pending.get(key)
-                mine = event is None
-                if mine:
-                    event = self._pending[key] = threading.Event()
-            if not mine:
-                event.wait(600)
-                continue
+                for k in keys:
+                    if k in got:
+                        continue
+                    if k in self.blobs:
+                        got[k] = self.blobs[k]
+                    elif k in self._pending:
+                        others.append(self._pending[k])
+                    else:
+                        mine[k] = self._pending[k] = threading.Event()
             try:
-                blob = self._fetch(peer, job, step, name, box, save_id)
-                with self._lock:
-                    self.blobs[key] = blob
-                return blob
+                if mine:
+                    fetched = self._fetch(peer, job, step, save_id, [(k[3], wanted[k]) for k in mine])
+                    with self._lock:
+                        self.blobs.update(zip(mine, fetched))
+                    got.update(zip(mine, fetched))
             finally:
                 with self._lock:
-                    self._pending.pop(key, None)
-                event.set()
+                    for k in mine:
+                        self._pending.pop(k, None)
+                for event in mine.values():
+                    event.set()
+            for event in others:  # another request fetches these: use its pieces, or fetch them if it failed
+                event.wait(600)
+        return [got[k] for k in order]
 
-    def _fetch(self, peer: str, job: str, step: int, name: str, box: Any, save_id: str | None) -> Blob:
+    def _fetch(
+        self, peer: str, job: str, step: int, save_id: str | None, items: list[tuple[str, Any]]
+    ) -> list[Blob]:
         c = self.connect(peer)  # a fresh client each time: the peer proves itself before each fetch
+        made: list[Blob] = []
         try:
-            info = c.blob_info(job, step, name, save_id)
-            b = check_box(box, tuple(info["shape"]))
-            blob = self.catalog.new_blob(f"relay {peer} {job}@{step}/{name}", info["dtype"], b.shape)
-            try:
-                out = blob_array(memoryview(blob.mem), blob.dtype, blob.shape)
-                c.read_box(job, step, name, b, out, save_id)
-            except BaseException:
+            infos = {i["name"]: i for i in c.blobs(job, step, save_id)}
+            reads = []
+            for name, raw in items:
+                info = infos.get(name)
+                if info is None:
+                    raise NotFoundError(f"{peer} has no blob {name!r} in {job}@{step}")
+                b = check_box(raw, tuple(info["shape"]))
+                made.append(
+                    self.catalog.new_blob(f"relay {peer} {job}@{step}/{name}", info["dtype"], b.shape)
+                )
+                reads.append(
+                    (c, job, step, name, b, blob_array(memoryview(made[-1].mem), info["dtype"], b.shape))
+                )
+            read_many(reads, FETCHES, save_id)  # checked network reads (trailer checksums), batched
+        except BaseException:
+            for blob in made:
                 self.catalog.drop(blob)
-                raise
+            raise
         finally:
             c.close()
-        blob.digests = chunk_digests(memoryview(blob.mem))
-        blob.sealed = True
-        return blob
+        for blob in made:
+            blob.digests = chunk_digests(memoryview(blob.mem))
+            blob.sealed = True
+        return made
 
     def drop(self, job: str, step: int | None) -> int:
         """Free cached pieces of `job` (at `step`, or every step when None)."""

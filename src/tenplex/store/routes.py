@@ -330,15 +330,21 @@ def _release(d: Daemon, req: Request) -> dict[str, Any]:
 
 @route("POST", r"/v1/relay")
 def _relay(d: Daemon, req: Request) -> dict[str, Any] | None:
-    """Fetch a box from a remote store once and serve it to this host's ranks."""
+    """Fetch boxes from a remote store once and serve them to this host's ranks."""
     body = req.json()
-    blob = d.catalog.hold(d.relay.get(body))
-    if body.get("local"):
-        return {**blob.info(local=True), "lease": req.lease([blob])}
+    blobs: list[Blob] = []
     try:
-        d.send_parts(req, [(blob, Box.full(blob.shape))], "relay")
+        for b in d.relay.get(body):
+            blobs.append(d.catalog.hold(b))
+    except BaseException:
+        d.catalog.release(blobs)
+        raise
+    if body.get("local"):
+        return {"blobs": [b.info(local=True) for b in blobs], "lease": req.lease(blobs)}
+    try:
+        d.send_parts(req, [(b, Box.full(b.shape)) for b in blobs], "relay")
     finally:
-        d.catalog.release([blob])
+        d.catalog.release(blobs)
     return None
 
 

@@ -15,7 +15,7 @@ import torch
 
 from ..planner import Fetch, Plan, Route
 from ..ptc import PTC, Box
-from ..store import StoreClient, StoreError, read_many
+from ..store import StoreClient, StoreError, read_many, relay_many
 from ..store.keys import NUMPY_DTYPE
 from ..util.arena import Arena
 from .breakdown import Breakdown
@@ -100,15 +100,8 @@ def execute(
     shm = [d for d in direct if d[0].is_local]
     network = [d for d in direct if not d[0].is_local]
 
-    def relay_all() -> None:
-        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as relays:
-            for fut in [
-                relays.submit(c.fetch_remote, u, job, step, b, box, o, save_id) for c, u, b, box, o in relayed
-            ]:
-                fut.result()
-
     kinds = [("shm_reads", shm, lambda: read_many(shm, concurrency, save_id)),
-             ("relayed_reads", relayed, relay_all),
+             ("relayed_reads", relayed, lambda: relay_many(relayed, job, step, concurrency, save_id)),
              ("network_reads", network, lambda: read_many(network, concurrency, save_id))]  # fmt: skip
     try:
         with bd.phase("reads"), ThreadPoolExecutor(max_workers=3) as pool:

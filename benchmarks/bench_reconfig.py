@@ -511,6 +511,13 @@ def run_netns(args, model: dict, disk: Path, shm: Path) -> list[dict]:
     return runs
 
 
+def one_vs_two_host_saves(rows: list[dict]) -> dict[str, float]:
+    """Per change: the save time with every rank on one store over the same save split over two stores
+    (1: one host's store takes four writers as fast as two stores take two each)."""
+    saves = {(r["change"], r["hosts"]): r["save_s"] for r in rows if r.get("save_s")}
+    return {c: saves[(c, 1)] / saves[(c, 2)] for c, h in saves if h == 1 and (c, 2) in saves}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", choices=sorted(SIZES), default="full", help="state size (full ~1.2 GB)")
@@ -592,6 +599,10 @@ def main() -> None:
     off = [(r["change"], r["hosts"]) for r in rows if not r["paths"]["own_store_shm"]]
     if off:
         print("some ranks reached their own host's store over the network, not shared memory:", off)
+    save_ratio = one_vs_two_host_saves(rows)
+    if save_ratio:
+        print("one host's save / two hosts' save of the same state:",
+              ", ".join(f"{c} {x:.2f}" for c, x in save_ratio.items()))  # fmt: skip
     bad = [(r["change"], r["hosts"], r["bad"]) for r in rows if r["bad"]]
     if bad:
         print("WRONG VALUES after load:", bad)
@@ -608,6 +619,7 @@ def main() -> None:
         "repeat": args.repeat,
         "command": " ".join(["python", "benchmarks/bench_reconfig.py", *sys.argv[1:]]),
         "network": args.network,
+        "save_1h_over_2h": save_ratio,
     }
     if args.network == "netns":
         meta.update(nic_gbps=args.nic_gbps, nic_latency_ms=args.nic_latency_ms,

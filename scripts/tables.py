@@ -182,6 +182,26 @@ PLANNER = "python benchmarks/bench_planner.py"
 SCALE_OUT = (("model", key("model")), ("devices", lambda r: r["devices"].replace("->", " → ")))
 DEMO = "tenplex demo && python scripts/tables.py --take-demo runs/demo/summary.json"
 RECONFIG = "python benchmarks/bench_reconfig.py"
+
+
+def reconfig_after(doc: dict) -> str:
+    """Under the loopback table: the slowest case's breakdown and the one- vs two-host save ratios."""
+    rows = [r for r in doc["rows"] if r.get("total_s")]
+    if not rows:
+        return ""
+    worst = max(rows, key=lambda r: r["total_s"])
+    parts = []
+    for kind, phases in (("save", worst.get("save_phases", {})), ("load", worst.get("load_phases", {}))):
+        top = sorted(phases.items(), key=lambda kv: -kv[1])[:5]
+        parts.append(f"{kind} " + ", ".join(f"{k} {v:.3f}" for k, v in top))
+    where = f"{worst['change']} on {worst['hosts']} host(s)"
+    out = f"\nSlowest case, {where}, seconds by phase: {'; '.join(parts)}."
+    ratio = doc.get("save_1h_over_2h")
+    if ratio:
+        out += " One host's save / two hosts': " + ", ".join(f"{c} {x:.2f}" for c, x in ratio.items()) + "."
+    return out + "\n"
+
+
 TABLES: dict[str, Table] = {
     "demo": Table(
         "demo.json",
@@ -248,6 +268,14 @@ TABLES: dict[str, Table] = {
             ("x_central_load", central("x_central_load")),
             ("x_floor", key("x_floor")),
         ),
+    ),
+    "reconfig-target": Table(
+        "bench_reconfig.json",
+        RECONFIG,
+        plain(
+            "change hosts save_s load_s total_s dcp_shm_total_s x_dcp_shm dcp_disk_total_s x_dcp_disk x_floor"
+        ),
+        after=reconfig_after,
     ),
     "reconfig-baselines": Table(
         "bench_reconfig.json",

@@ -211,3 +211,18 @@ class Corrupter(threading.Thread):
             self.error = e
         finally:
             store.close()
+
+
+def netem_missing() -> str | None:
+    """Why a lossy link cannot be emulated here (the kernel's netem qdisc, tried once in a namespace of
+    its own), or None."""
+    probe = f"tpx-netem-{os.getpid()}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return f"cannot create a network namespace: {made.stderr.strip()}"
+    try:
+        tc = ["ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "lo", "root", "netem", "loss", "1%"]
+        done = subprocess.run(tc, capture_output=True, text=True)
+        return None if done.returncode == 0 else f"tc netem is not available: {done.stderr.strip()}"
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True)

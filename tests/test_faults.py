@@ -13,6 +13,7 @@ import json
 import os
 import random
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from fault_cases import (
     check_recovered_from_newest,
     cli,
     finish,
+    netem_missing,
     records,
     run_job,
     shm_left,
@@ -280,6 +282,60 @@ def test_a_host_and_its_store_holding_replicas_killed(host_failure, static):
     # directory is reaped by the next store started on the machine: whether the run starts one is timing)
     assert left == [], left
     TALLY["survived"] += 1
+
+
+def test_a_redeploy_across_hosts_over_a_slow_link(tmp_path, static):
+    """Namespace hosts with 8 Mbit/s NICs: a redeploy from h0 to h1 moves the whole state over h0's link;
+    the move takes at least what the link allows (1.4 s for the 1.6 MB; the same load unshaped took
+    0.34 s here), and the job is as right as on a fast link."""
+    if NO_NETNS is not None:
+        pytest.skip(f"namespace hosts: {NO_NETNS}")
+    gbps, step = 0.008, rng("slow").choice([4, 6, 8])
+    schedule = [{"step": 0, "devices": 2}, {"step": step, "redeploy": True}]
+    run_dir = tmp_path / "slow"
+    net = ["--network", "netns", "--nic-gbps", str(gbps), "--devices-per-host", "2"]
+    with Fault(f"{gbps * 1000:g} Mbit/s links, a redeploy from h0 to h1 at step {step}"):
+        finish(cli(*run_job(run_dir, schedule, *net)), timeout=300)
+        s = check_outcome(run_dir, static)
+        (change,) = s["reconfigurations"]
+        crossed = change["plan"]["cross_host_lower_bound"]
+        rate = gbps * 1e9 / 8
+        burst = max(256 << 10, int(rate * 0.002))  # what the shaper lets through at once (runtime.netns)
+        least = (crossed - burst) / rate
+        print(f"{crossed} bytes over h0's link in {change['load_seconds']:.2f} s (the link: {least:.2f} s)")
+        assert crossed > 1 << 20 and change["source"] == "memory" and change["redeploy"], change
+        assert change["load_seconds"] >= 0.9 * least, (change, least)
+        assert s["hosts"]["h1"]["bytes_in"] >= crossed, s["hosts"]
+        assert netns.namespaces(netns.prefix_for(str(run_dir.resolve()))) == []
+        check_nothing_left(run_dir)
+
+
+def test_a_lossy_link_during_a_redeploy(tmp_path, static):
+    """1% of h0's packets dropped (netem) while the job is redeployed to h1: TCP retransmits, the state
+    arrives whole (checksums), the job is as right as without loss."""
+    if NO_NETNS is not None:
+        pytest.skip(f"namespace hosts: {NO_NETNS}")
+    why = netem_missing()
+    if why is not None:
+        pytest.skip(f"a lossy link: {why}")
+    step = rng("lossy").choice([4, 6, 8])
+    schedule = [{"step": 0, "devices": 2}, {"step": step, "redeploy": True}]
+    run_dir = tmp_path / "lossy"
+    net = ["--network", "netns", "--nic-gbps", "0.2", "--nic-latency-ms", "1", "--devices-per-host", "2"]
+    with Fault(f"1% loss on h0's link, a redeploy from h0 to h1 at step {step}"):
+        p = cli(*run_job(run_dir, schedule, *net))
+        h0 = netns.prefix_for(str(run_dir.resolve())) + "h0"
+        deadline = time.time() + 120
+        while time.time() < deadline and p.poll() is None and h0 not in netns.namespaces(h0):
+            time.sleep(0.05)
+        lossy = ["ip", "netns", "exec", h0, "tc", "qdisc", "change", "dev", netns.NIC, "root", "handle", "1:",
+                 "netem", "delay", "1ms", "loss", "1%", "limit", "100000"]  # fmt: skip
+        done = subprocess.run(lossy, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        finish(p, timeout=300)
+        s = check_outcome(run_dir, static)
+        assert s["reconfigurations"][0]["source"] == "memory", s["reconfigurations"]
+        check_nothing_left(run_dir)
 
 
 @pytest.mark.slow

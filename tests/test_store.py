@@ -483,6 +483,23 @@ def test_freed_files_are_recycled_within_the_limit(request):
         assert c.stats()["memory_pooled"] == 0
 
 
+def test_a_network_read_has_released_its_blobs_when_the_reader_has_the_answer(request):
+    """The daemon lets go of the blobs it serves before the answer's last bytes (the checksum trailer), so
+    a delete right after a read frees their memory at once (it raced the release, which made the test
+    above fail now and then)."""
+    job = job_name(request)
+    with start_store(memory_limit="8MiB") as sp:
+        local, net = sp.client(local=True), sp.client(local=False)
+        out = np.empty(1 << 18, np.float32)
+        for step in range(1, 41):
+            local.write_blob(job, step, "w", np.full(1 << 18, step, np.float32))
+            local.commit(job, step, None)
+            net.read_box(job, step, "w", Box((0,), (1 << 18,)), out)
+            assert (out == step).all()
+            local.delete_version(job, step)
+            assert local.stats()["memory_used"] == 0, step
+
+
 BIG = np.random.default_rng(3).random((2048, 1024), dtype=np.float32)  # 8 MiB: 8 checksum chunks
 
 

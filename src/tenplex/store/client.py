@@ -7,8 +7,9 @@ and verified on every read, on whichever side touches the bytes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 from urllib.parse import quote
 
@@ -394,14 +395,7 @@ def read_many(
         groups[-1].append((name, box, out))
         sizes[key] = sizes.get(key, 0) + nbytes
     work = [(clients[k[0]], k[1], k[2], g) for k, gs in batches.items() for g in gs]
-    if not work:
-        return
-    with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(work)))) as pool:
-        futures = [pool.submit(c.read_boxes, job, step, g, save_id) for c, job, step, g in work]
-        errors = [f.exception() for f in futures]
-    for e in errors:
-        if e is not None:
-            raise e
+    _all([partial(c.read_boxes, job, step, g, save_id) for c, job, step, g in work], concurrency)
 
 
 def relay_many(
@@ -420,10 +414,17 @@ def relay_many(
         groups.setdefault((id(c), peer), []).append((name, box, out))
     work = [(clients[k], peer, items[i : i + RELAY_BATCH])
             for (k, peer), items in groups.items() for i in range(0, len(items), RELAY_BATCH)]  # fmt: skip
-    if not work:
+    calls = [partial(c.fetch_remote_many, peer, job, step, part, save_id) for c, peer, part in work]
+    _all(calls, concurrency)
+
+
+def _all(calls: list[Callable[[], None]], concurrency: int) -> None:
+    """Run every call, at most `concurrency` at once; then raise the first error (all have ended by then,
+    so no call still writes into a caller's array)."""
+    if not calls:
         return
-    with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(work)))) as pool:
-        futures = [pool.submit(c.fetch_remote_many, peer, job, step, part, save_id) for c, peer, part in work]
+    with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(calls)))) as pool:
+        futures = [pool.submit(call) for call in calls]
         errors = [f.exception() for f in futures]
     for e in errors:
         if e is not None:

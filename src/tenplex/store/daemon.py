@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -81,7 +82,23 @@ class Daemon(Server):
     def send_parts(self, req: Request, parts: list[tuple[Blob, Box]], what: str) -> None:
         """Verify every touched chunk first (so corruption is a clean JSON error), then stream the boxes,
         then the checksums of what was sent (a trailer the receiver verifies its bytes against). The
-        blobs must be held (`Catalog.hold`) by the caller, so their files cannot be reused meanwhile."""
+        blobs must be held (`Catalog.hold`) by the caller, so their files cannot be reused meanwhile; this
+        releases them, once: after their last byte went out and before the trailer, so that a reader that
+        has its answer finds them released (a delete then frees their memory at once), or on an error."""
+        held = {"parts": True}
+
+        def release() -> None:
+            if held.pop("parts", False):
+                self.catalog.release(b for b, _ in parts)
+
+        try:
+            self._send_parts(req, parts, what, release)
+        finally:
+            release()
+
+    def _send_parts(
+        self, req: Request, parts: list[tuple[Blob, Box]], what: str, sent_all: Callable[[], None]
+    ) -> None:
         described, contiguous = [], []
         for blob, box in parts:
             lo, hi = byte_span(box, blob.shape, blob.itemsize)
@@ -105,6 +122,7 @@ class Daemon(Server):
                     stream.update(piece)
                 req.conn.send(piece)
             sent.extend(known if stream is None else stream.finish())
+        sent_all()
         req.conn.send(struct.pack(f"<{len(sent)}Q", *sent))
         self.count("bytes_out", total)
 

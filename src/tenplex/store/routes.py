@@ -296,11 +296,7 @@ def _boxes(d: Daemon, job: str, step: int, body: dict[str, Any]) -> list[tuple[B
 def _read(d: Daemon, req: Request) -> None:
     """Read many boxes of a version's blobs: a JSON preamble, then the raw bytes of each box."""
     job, step = req.job(), req.step()
-    parts = _boxes(d, job, step, req.json())
-    try:
-        d.send_parts(req, parts, f"{job}@{step}")
-    finally:
-        d.catalog.release(b for b, _ in parts)
+    d.send_parts(req, _boxes(d, job, step, req.json()), f"{job}@{step}")  # releases the blobs _boxes held
 
 
 @route("POST", _V + r"/locate")
@@ -341,10 +337,7 @@ def _relay(d: Daemon, req: Request) -> dict[str, Any] | None:
         raise
     if body.get("local"):
         return {"blobs": [b.info(local=True) for b in blobs], "lease": req.lease(blobs)}
-    try:
-        d.send_parts(req, [(b, Box.full(b.shape)) for b in blobs], "relay")
-    finally:
-        d.catalog.release(blobs)
+    d.send_parts(req, [(b, Box.full(b.shape)) for b in blobs], "relay")  # releases them
     return None
 
 

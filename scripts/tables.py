@@ -273,8 +273,8 @@ TABLES: dict[str, Table] = {
         "bench_reconfig.json",
         RECONFIG,
         plain(
-            "change hosts save_s load_s total_s dcp_shm_total_s x_dcp_shm dcp_disk_total_s x_dcp_disk x_floor "
-            "first_total_s x_dcp_shm_first"
+            "change hosts save_s load_s total_s dcp_shm_total_s x_dcp_shm dcp_disk_total_s x_dcp_disk "
+            "x_floor first_total_s x_dcp_shm_first"
         ),
         after=reconfig_after,
     ),

@@ -176,12 +176,29 @@ class Arena:
                 assert first == path
                 if not (now - t > self.TTL or (keep is not None and self.pooled > keep)):
                     break
-                self._free[n].pop(0)
+                _, _, mem = self._free[n].pop(0)
                 del self._order[path]
                 self.pooled -= n
-                doomed.append(path)
-        for p in doomed:
-            self.remove(p)
+                doomed.append((path, mem))
+        for p, mem in doomed:
+            self._retire(p, mem)
+
+    def _retire(self, path: str, mem: mmap.mmap | bytearray) -> None:
+        """Free a pooled file's pages now, then unlink it. tmpfs frees an unlinked file's pages only at its
+        last unmap, and clients cache mappings of the files they read and wrote (`mappings`): without the
+        truncate, the store ran out of room below its memory limit (ENOSPC). Truncating is safe because
+        nobody reads or writes a pooled file (its blob is gone and no request held it) and its name is
+        never handed out again, so no cached mapping of it is ever touched."""
+        try:
+            os.truncate(path, 0)
+        except OSError:
+            pass
+        if isinstance(mem, mmap.mmap):
+            try:
+                mem.close()
+            except BufferError:
+                pass
+        self.remove(path)
 
     def remove(self, path: str) -> None:
         try:

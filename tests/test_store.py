@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import subprocess
 import sys
@@ -309,9 +310,9 @@ def test_writer_crash_mid_blob_leaves_version_invisible(store, local):
             c.commit("crash", 7, None)
     else:
         deadline = time.time() + 10  # the daemon notices the truncated body and frees its memory
-        while c.stats()["memory_used"] != used + 4000 and time.time() < deadline:
+        while c.stats()["memory_used"] != used + mmap.PAGESIZE and time.time() < deadline:
             time.sleep(0.05)
-        assert c.stats()["memory_used"] == used + 4000
+        assert c.stats()["memory_used"] == used + mmap.PAGESIZE
     # a restarted writer redoes the version and commits it
     c.write_blob("crash", 7, "r0/half", np.full(1000, 2, np.float32))
     c.commit("crash", 7, None)
@@ -471,7 +472,7 @@ def test_freed_files_are_recycled_within_the_limit(request):
         c.commit(job, 1, None)
         first = blob_path(c, job, 1, "w")
         c.delete_version(job, 1)
-        assert c.stats()["memory_pooled"] == 8000 and c.stats()["memory_used"] == 0
+        assert c.stats()["memory_pooled"] == 8192 and c.stats()["memory_used"] == 0
         c.write_blob(job, 2, "w", np.full(1000, 2, np.int64))  # no reader holds it: reused at once
         c.commit(job, 2, None)
         assert blob_path(c, job, 2, "w") == first
@@ -507,6 +508,21 @@ def test_pooled_files_a_client_still_maps_give_their_memory_back_when_trimmed(re
         big = np.empty(1 << 20, np.float32)
         c.read_box(job, 2, "b3", Box((0,), big.shape), big)
         assert (big == 2).all() and c.stats()["memory_pooled"] == 0
+
+
+def test_the_memory_limit_counts_whole_pages(request):
+    """A blob file takes whole pages of memory: counted in bytes, 100-byte blobs filled a store's file
+    system at a quarter of its limit's worth of blob bytes and failed with ENOSPC from deep inside."""
+    job = job_name(request)
+    with start_store(memory_limit="2MiB") as sp:
+        c = sp.client(local=True)
+        fit = (2 << 20) // mmap.PAGESIZE
+        with pytest.raises(MemoryLimitError, match="would exceed the memory limit"):
+            for i in range(fit + 1):
+                c.write_blob(job, 1, f"b{i}", np.zeros(100, np.uint8))
+        assert i == fit and c.stats()["memory_used"] == fit * mmap.PAGESIZE
+        c.delete_job(job)
+        assert c.stats()["memory_used"] == 0
 
 
 def test_a_network_read_has_released_its_blobs_when_the_reader_has_the_answer(request):
@@ -571,7 +587,7 @@ def test_a_commit_naming_its_blobs_drops_the_leftovers_of_an_abandoned_attempt(s
     c.commit(job, 1, {"save_id": "s1"}, blobs=["r0/w"])
     assert [b["name"] for b in c.blobs(job, 1)] == ["r0/w"]
     assert c.save_ids(job) == {1: "s1"}
-    assert c.stats()["memory_used"] == used + 40  # the dead writer's blob is freed
+    assert c.stats()["memory_used"] == used + mmap.PAGESIZE  # the dead writer's blob is freed
     c.delete_job(job)
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..ptc import item_size
 from .errors import BadRequestError, ConflictError, MemoryLimitError, NotFoundError
-from .shm import Arena
+from .shm import Arena, pages
 from .versions import ANY, Blob, Slot, Version, check_save_id
 
 __all__ = ["ANY", "Blob", "Catalog", "Slot", "Version", "check_save_id"]
@@ -44,18 +44,19 @@ class Catalog:
     def new_blob(self, name: str, dtype: str, shape: tuple[int, ...]) -> Blob:
         """Reserve memory and create the file of a blob that is not in the catalog yet."""
         nbytes = prod(shape) * item_size(dtype)
+        cost = pages(nbytes)  # what the file takes in memory: the limit counts whole pages
         with self.lock:
-            if self.used + nbytes > self.limit:
+            if self.used + cost > self.limit:
                 raise MemoryLimitError(
                     f"writing {name!r} ({nbytes} bytes) would exceed the memory limit "
                     f"({self.used} of {self.limit} bytes used); delete versions or use retain"
                 )
-            self.used += nbytes
+            self.used += cost
             self.arena.trim(self.limit - self.used)  # recycled files never take the store past its limit
         try:
             path, mem = self.arena.create(nbytes)
         except BaseException:
-            self.free(nbytes)
+            self.free(cost)
             raise
         return Blob(name, dtype, shape, path, mem)
 
@@ -74,7 +75,7 @@ class Catalog:
         self._free_file(blob)
 
     def _free_file(self, blob: Blob) -> None:
-        self.free(blob.nbytes)
+        self.free(pages(blob.nbytes))
         if blob.mapped and not blob.sealed:
             self.arena.discard(blob.path, blob.mem)
         else:  # to the pool, for the next blob of the same size

@@ -8,6 +8,7 @@ File names are generated (`b00000001`), never derived from job or blob names.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import mmap
@@ -26,6 +27,12 @@ from .tmpfs import Reserve, StoreMemory, open_memory
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 _ARENA = re.compile(r"tenplex-(\d+)-(\d+)")  # tenplex-PORT-PID, what Arena names its directory
 log = logging.getLogger("tenplex.store")
+
+
+def pages(nbytes: int) -> int:
+    """The memory a file of `nbytes` takes on tmpfs: whole pages (a store of many small blobs otherwise
+    filled its file system while its accounting said there was room)."""
+    return -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
 
 
 def shm_root() -> str:
@@ -137,28 +144,55 @@ class Arena:
             if free:
                 _, path, mem = free.pop(0)
                 del self._order[path]
-                self.pooled -= nbytes
+                self.pooled -= pages(nbytes)
                 return path, mem
             path = os.path.join(self.dir, f"b{next(self._ids):08d}")
         self.reserve.take(nbytes)  # the reserve's pages go to the new file
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, nbytes)
-            if nbytes:  # take the pages now: ENOSPC here instead of SIGBUS on a write into the mapping
-                os.posix_fallocate(fd, 0, nbytes)
+            self._allocate(fd, nbytes)
         except OSError as e:
             os.close(fd)
             self.remove(path)
-            raise MemoryLimitError(f"no room for {nbytes} bytes in {self.dir}: {e.strerror}") from None
+            why = f"no room for {nbytes} bytes in {self.dir}: {e.strerror} ({self._usage()})"
+            raise MemoryLimitError(why) from None
         os.close(fd)
         return path, map_file(path, nbytes, writable=True)
+
+    def _allocate(self, fd: int, nbytes: int) -> None:
+        """Take the file's pages now (ENOSPC here instead of SIGBUS on a write into the mapping). The pool
+        and the reserve are memory kept for speed only: when the file system is full below the limit (a
+        client still maps a discarded file, huge-page rounding), they give way first."""
+        if not nbytes:
+            return
+        try:
+            os.posix_fallocate(fd, 0, nbytes)
+        except OSError as e:
+            if e.errno != errno.ENOSPC or not (self.pooled or self.reserve.left):
+                raise
+            self.trim(0)
+            os.posix_fallocate(fd, 0, nbytes)
+
+    def _usage(self) -> str:
+        """Where the file system's space went, for an error that says why it is full."""
+        st = os.statvfs(self.dir)
+        files = 0
+        with os.scandir(self.dir) as it:
+            for e in it:
+                files += e.stat().st_blocks * 512
+        used = (st.f_blocks - st.f_bfree) * st.f_frsize
+        return (
+            f"file system {used} of {st.f_blocks * st.f_frsize} bytes used, {files} in files, pooled "
+            f"{self.pooled}, reserve {self.reserve.left}"
+        )
 
     def recycle(self, path: str, mem: mmap.mmap | bytearray, nbytes: int) -> None:
         """Keep a freed blob file for reuse by a blob of the same size."""
         with self._lock:
             self._free.setdefault(nbytes, []).append((time.monotonic(), path, mem))
             self._order[path] = nbytes
-            self.pooled += nbytes
+            self.pooled += pages(nbytes)
         self.trim(None)
 
     def trim(self, keep: int | None) -> None:
@@ -178,7 +212,7 @@ class Arena:
                     break
                 _, _, mem = self._free[n].pop(0)
                 del self._order[path]
-                self.pooled -= n
+                self.pooled -= pages(n)
                 doomed.append((path, mem))
         for p, mem in doomed:
             self._retire(p, mem)

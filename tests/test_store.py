@@ -352,6 +352,43 @@ def test_checksum_mismatch_is_detected_not_loaded(store, request):
     c.delete_job(job)
 
 
+def test_held_boxes_are_verified_and_stay_the_verified_bytes_until_released(store, request):
+    """`hold_boxes` verifies a box where it lies and keeps its blob held: a delete and a new save of the
+    same size meanwhile cannot recycle the file under the holder; a corrupted chunk raises before
+    anything is handed out; a store on another host is refused."""
+    job = job_name(request)
+    c = store.client(local=True)
+    a = sample("float32", (1 << 18, 2), 7)  # 2 MiB: two checksum chunks
+    c.write_blob(job, 1, "w", a)
+    c.commit(job, 1, None)
+    held = c.hold_boxes(job, 1, [("w", Box((10, 0), (20, 2))), ("w", Box((0, 1), (5, 2)))])
+    c.delete_version(job, 1)  # deleted while held: its file goes to the pool only at the release
+    c.write_blob(job, 2, "w", np.zeros_like(a))
+    c.commit(job, 2, None)
+    np.testing.assert_array_equal(held.arrays[0], a[10:20])  # not the new save's zeros
+    np.testing.assert_array_equal(held.arrays[1], a[0:5, 1:2])
+    assert not held.arrays[0].flags.writeable
+    used = c.stats()["memory_used"]
+    held.close()
+    held.close()  # once
+    deadline = time.monotonic() + 5  # the release is sent without waiting for its answer
+    while c.stats()["memory_used"] == used and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert c.stats()["memory_used"] == used - a.nbytes
+    path = blob_path(c, job, 2, "w")
+    with open(path, "r+b") as f:  # flip a byte in the second chunk
+        f.seek((1 << 20) + 8)
+        byte = f.read(1)
+        f.seek((1 << 20) + 8)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(ChecksumError, match="corrupted"):
+        c.hold_boxes(job, 2, [("w", Box((0, 0), (1 << 18, 2)))])
+    c.hold_boxes(job, 2, [("w", Box((0, 0), (4, 2)))]).close()  # an intact chunk still holds
+    with pytest.raises(BadRequestError, match="not on this host"):
+        store.client(local=False).hold_boxes(job, 2, [("w", Box((0, 0), (4, 2)))])
+    c.delete_job(job)
+
+
 def test_allocate_and_seal(store, request):
     job = job_name(request)
     c = store.client(local=True)

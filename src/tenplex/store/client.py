@@ -16,8 +16,8 @@ from urllib.parse import quote
 import numpy as np
 
 from ..ptc import Box
-from .boxio import as_bytes, copy_box
-from .checksum import CHUNK, chunk_digests, chunks, digest, list_digest
+from .boxio import as_bytes, blob_array, copy_box
+from .checksum import CHUNK, byte_span, chunk_digests, chunks, digest, list_digest, verify_span
 from .dataset_client import DatasetClient
 from .errors import BadRequestError, ChecksumError, ConflictError, NotFoundError, StoreError
 from .keys import (
@@ -35,9 +35,25 @@ from .protocol import Conn
 from .shm import map_file
 from .transport import DEFAULT_PORT, DEFAULT_URL, into
 
-__all__ = ["DEFAULT_PORT", "DEFAULT_URL", "StoreClient", "read_many"]
+__all__ = ["DEFAULT_PORT", "DEFAULT_URL", "Held", "StoreClient", "read_many"]
 
 BoxRequest = tuple[str, Box, np.ndarray]  # (blob name, box, out)
+
+
+class Held:
+    """Verified boxes in a same-host store's memory (read-only views), and the hold on their blobs."""
+
+    def __init__(self, arrays: list[np.ndarray], release: Callable[[], None]) -> None:
+        self.arrays = arrays
+        self._release: Callable[[], None] | None = release
+
+    def close(self) -> None:
+        """End the hold (once); the views must not be used after it."""
+        release, self._release = self._release, None
+        if release is not None:
+            release()
+
+
 MAX_BATCH = 4096  # blobs in one allocate or seal request (the daemon's MAX_BOXES)
 RELAY_BATCH = 256  # boxes in one relay request
 
@@ -296,6 +312,45 @@ class StoreClient(DatasetClient):
             return
         payload = {"boxes": [{"name": n, "box": b.to_json()} for n, b, _ in requests], "save_id": save_id}
         self.request("POST", f"{self._vpath(job, step)}/read", payload, reader=into([r[2] for r in requests]))
+
+    def hold_boxes(
+        self, job: str, step: int, requests: Sequence[tuple[str, Box]], save_id: str | None = None
+    ) -> Held:
+        """Same host only: verify the chunks under every box and keep the blobs held, so that the caller
+        copies the boxes straight from shared memory into its own tensors later (`Held.arrays`). A load
+        writes its targets only once every rank verified its boxes; holding them spares the copy into
+        scratch memory meanwhile, and fresh memory is what costs on a virtual machine (0.1-0.5 GB/s at its
+        first touch, against ~6 GB/s for the copy). The bytes copied are the bytes verified: a held blob is
+        sealed and its file is never recycled until `Held.close()` ends the hold."""
+        if not self.is_local:
+            raise BadRequestError(f"{self.url} is not on this host: read its boxes with read_boxes")
+        for name, _ in requests:
+            check_name(name)
+        if not requests:
+            return Held([], lambda: None)
+        names = sorted({name for name, _ in requests})
+        pin: list[Conn] = []
+        found = self.request(
+            "POST", f"{self._vpath(job, step)}/locate", {"names": names, "save_id": save_id}, hold=pin
+        )
+        held = Held([], partial(self._unlease, found["lease"], pin))
+        try:
+            by_name = dict(zip(names, found["blobs"]))
+            for name, box in requests:
+                info = by_name[name]
+                shape = tuple(info["shape"])
+                check_inside(box, shape)
+                if info["chunk"] != CHUNK:
+                    raise StoreError(f"store uses {info['chunk']}-byte checksum chunks, this client {CHUNK}")
+                data = self._map(info)
+                arr = blob_array(data, info["dtype"], shape)
+                lo, hi = byte_span(box, shape, arr.itemsize)
+                verify_span(data, info["digests"], lo, hi, f"{job}@{step}/{name}")
+                held.arrays.append(arr[(*box.slices(), ...)])  # read-only: the mapping is
+        except BaseException:
+            held.close()
+            raise
+        return held
 
     def _unlease(self, lease: int, pin: list[Conn]) -> None:
         """End a lease on the connection that holds it, without waiting for the answer (a round trip per

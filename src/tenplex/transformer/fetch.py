@@ -16,12 +16,13 @@ import torch
 from ..planner import Fetch, Plan, Route
 from ..ptc import PTC, Box
 from ..store import StoreClient, StoreError, read_many, relay_many
+from ..store.client import Held
 from ..store.keys import NUMPY_DTYPE
 from ..util.arena import Arena
 from .breakdown import Breakdown
 from .errors import StateError
 from .gathered import blob_name
-from .shards import VIEW_AS, LocalShard, Staged, copy_into
+from .shards import VIEW_AS, LocalShard, Staged, as_numpy, copy_into
 from .stores import client
 
 
@@ -48,77 +49,119 @@ def execute(
     shared: set[tuple[str, Any, int]],
     bd: Breakdown,
     save_id: str | None = None,
-) -> tuple[dict[str, int], Callable[[], None]]:
-    """Pull every box of this rank into scratch buffers; returns the bytes moved by route and the function
-    that writes the targets (the caller calls it once every rank's boxes arrived and verified: a failed load
-    leaves every target as it was).
+) -> tuple[dict[str, int], Callable[[], None], Callable[[], None]]:
+    """Pull or verify every box of this rank; returns the bytes moved by route, the function that writes
+    the targets (the caller calls it once every rank's boxes arrived and verified: a failed load leaves
+    every target as it was) and the one that lets go of the boxes held in this host's store (always
+    called, after the write or instead of it).
 
-    A box contiguous in its tensor lands in a scratch copy of the tensor, written to it in one copy; any
-    other box lands in a buffer of its own and is copied straight into the target's view (not first into
-    the scratch). Boxes read from one store are batched (one lookup on this host, one request over the
-    network per batch) and the stores are read in parallel; boxes several local ranks need from another
-    host go through this host's store, which fetches each once. Every read names the snapshot's `save_id`,
-    so a store holding another save of the step answers NotFound instead of that save's bytes."""
-    names = sorted({f.tensor for f in fetches})
-    rels = [f.box.relative_to(shards[f.tensor].box) for f in fetches]
-    runs = [_contiguous(rel, shards[f.tensor].box.shape) for f, rel in zip(fetches, rels)]
-    inplace = sorted({f.tensor for f, run in zip(fetches, runs) if run})
-    dtypes = {n: np.dtype(NUMPY_DTYPE[shards[n].dtype]) for n in names}
+    A box in this host's store is verified where it lies and held there, and the write copies it straight
+    into a CPU target: no scratch memory, whose first touch is what costs. A box from another host lands
+    in scratch: contiguous in its tensor, in a scratch copy of the tensor, written in one copy; otherwise
+    in a buffer of its own, copied into the target's view. Boxes read from one store are batched (one
+    lookup on this host, one request over the network per batch) and the stores are read in parallel;
+    boxes several local ranks need from another host go through this host's store, which fetches each
+    once. Every read names the snapshot's `save_id`, so a store holding another save of the step answers
+    NotFound instead of that save's bytes."""
+    hub: StoreClient | None = client(old.mesh.hosts[0]) if central else None
+    own = client(url)
+    sources = {
+        (n, r): piece.box
+        for n in {f.tensor for f in fetches}
+        for piece in old.pieces(n)
+        for r in piece.holders
+    }
+    moved: dict[str, int] = {"central": 0} if central else {r.value: 0 for r in Route}
+    routed = []  # (fetch, box in its source blob, store client, peer url for a relay or None)
+    for f in fetches:
+        src_box = f.box.relative_to(sources[(f.tensor, f.src)])
+        src_url = old.mesh.hosts[f.src]
+        if hub is not None:
+            routed.append((f, src_box, hub, None if src_url == hub.url else src_url))
+        elif src_url == url:
+            routed.append((f, src_box, own, None))
+        elif (f.tensor, f.box, f.src) in shared:
+            routed.append((f, src_box, own, src_url))
+        else:
+            routed.append((f, src_box, client(src_url), None))
+        moved["central" if central else f.route.value] += f.box.volume * old.tensors[f.tensor].itemsize
+
+    def in_place(f: Fetch, c: StoreClient, peer: str | None) -> bool:
+        return peer is None and c.is_local and shards[f.tensor].local.device.type == "cpu"
+
+    held_here = [(f, b, c) for f, b, c, peer in routed if in_place(f, c, peer)]
+    pulled = [(f, b, c, peer) for f, b, c, peer in routed if not in_place(f, c, peer)]
+    rels = [f.box.relative_to(shards[f.tensor].box) for f, *_ in pulled]
+    runs = [_contiguous(rel, shards[f.tensor].box.shape) for (f, *_), rel in zip(pulled, rels)]
+    inplace = sorted({f.tensor for (f, *_), run in zip(pulled, runs) if run})
+    dtypes = {n: np.dtype(NUMPY_DTYPE[shards[n].dtype]) for n in {f.tensor for f, *_ in pulled}}
     arena = Arena(Arena.size_of(
         [shards[n].local.nbytes for n in inplace]
-        + [rel.volume * dtypes[f.tensor].itemsize for f, rel, run in zip(fetches, rels, runs) if not run]
+        + [rel.volume * dtypes[f.tensor].itemsize for (f, *_), rel, run in zip(pulled, rels, runs) if not run]
     ))  # fmt: skip
     staged = {n: Staged(shards[n].local, fill=False, scratch=arena) for n in inplace}
-    own = client(url)
-    hub: StoreClient | None = client(old.mesh.hosts[0]) if central else None
-    sources = {(name, r): piece.box for name in names for piece in old.pieces(name) for r in piece.holders}
-    moved: dict[str, int] = {"central": 0} if central else {r.value: 0 for r in Route}
-    direct: list[tuple[StoreClient, str, int, str, Any, np.ndarray]] = []
+    network: list[tuple[StoreClient, str, int, str, Any, np.ndarray]] = []
     relayed: list[tuple[StoreClient, str, str, Any, np.ndarray]] = []
     apart: list[tuple[torch.Tensor, np.ndarray]] = []  # (the target's view, the box's own buffer)
-    for f, rel, run in zip(fetches, rels, runs):
+    for (f, src_box, c, peer), rel, run in zip(pulled, rels, runs):
         if run:
             out = staged[f.tensor].array[(*rel.slices(), ...)]
         else:
-            local = shards[f.tensor].local
             out = arena.take(rel.volume * dtypes[f.tensor].itemsize).view(dtypes[f.tensor]).reshape(rel.shape)
-            apart.append((local[rel.slices()], out))
-        src_box = f.box.relative_to(sources[(f.tensor, f.src)])
-        src_url, blob = old.mesh.hosts[f.src], blob_name(f.src, f.tensor)
-        if hub is not None:
-            if src_url == hub.url:
-                direct.append((hub, job, step, blob, src_box, out))
-            else:
-                relayed.append((hub, src_url, blob, src_box, out))
-        elif src_url == url:
-            direct.append((own, job, step, blob, src_box, out))
-        elif (f.tensor, f.box, f.src) in shared:
-            relayed.append((own, src_url, blob, src_box, out))
+            apart.append((shards[f.tensor].local[rel.slices()], out))
+        blob = blob_name(f.src, f.tensor)
+        if peer is not None:
+            relayed.append((c, peer, blob, src_box, out))
         else:
-            direct.append((client(src_url), job, step, blob, src_box, out))
-        moved["central" if central else f.route.value] += f.box.volume * old.tensors[f.tensor].itemsize
-    shm = [d for d in direct if d[0].is_local]
-    network = [d for d in direct if not d[0].is_local]
+            network.append((c, job, step, blob, src_box, out))
+    holds: list[Held] = []
+    by_store: dict[int, tuple[StoreClient, list[tuple[Fetch, Box]]]] = {}
+    for f, src_box, c in held_here:
+        by_store.setdefault(id(c), (c, []))[1].append((f, src_box))
 
-    kinds = [("shm_reads", shm, lambda: read_many(shm, concurrency, save_id)),
+    copies = [r for r in network if r[0].is_local]  # a GPU target's boxes in this host's store
+    network = [r for r in network if not r[0].is_local]
+
+    def hold() -> None:
+        read_many(copies, concurrency, save_id)
+        for c, boxes in by_store.values():
+            holds.append(
+                c.hold_boxes(job, step, [(blob_name(f.src, f.tensor), b) for f, b in boxes], save_id)
+            )
+
+    kinds = [("shm_reads", held_here + copies, hold),
              ("relayed_reads", relayed, lambda: relay_many(relayed, job, step, concurrency, save_id)),
              ("network_reads", network, lambda: read_many(network, concurrency, save_id))]  # fmt: skip
+
+    def release() -> None:
+        for h in holds:
+            h.close()
+
     try:
         with bd.phase("reads"), ThreadPoolExecutor(max_workers=3) as pool:
             futures = [pool.submit(_timed, bd, kind, fn) for kind, work, fn in kinds if work]
             for fut in futures:
                 fut.result()
     except StoreError as e:
+        release()
         raise StateError(f"loading the snapshot of {job!r} at step {step}: {e}") from e
+    except BaseException:
+        release()
+        raise
 
     def write() -> None:
-        for st in staged.values():  # first whole tensors, then the boxes held apart over them
+        for st in staged.values():  # first whole tensors, then the boxes over them
             st.finish()
         for view, buf in apart:
             src = torch.from_numpy(buf)
             copy_into(view, src.view(view.dtype) if view.dtype in VIEW_AS else src)
+        for h, (_, boxes) in zip(holds, by_store.values()):
+            for (f, _), arr in zip(boxes, h.arrays):
+                dst = as_numpy(shards[f.tensor].local[f.box.relative_to(shards[f.tensor].box).slices()])
+                same = arr.dtype.itemsize == dst.dtype.itemsize  # bfloat16: uint16 on both sides
+                np.copyto(dst, arr.view(dst.dtype) if same else arr, casting="no")
 
-    return moved, write
+    return moved, write, release
 
 
 def _contiguous(box: Box, shape: tuple[int, ...]) -> bool:

@@ -98,9 +98,9 @@ def load(
         me = world.rank(group)
         with bd.phase("plan"):
             shared = shared_remote_boxes(p, new.mesh.hosts[me])
-        moved, write, failure = {}, None, None
+        moved, write, release, failure = {}, None, None, None
         try:
-            moved, write = execute(
+            moved, write, release = execute(
                 p.for_rank(me), shards, job, snap.step, old_view, url, central, concurrency, shared, bd,
                 snap.manifest.get("save_id"),
             )  # fmt: skip
@@ -113,6 +113,8 @@ def load(
             drop_relays(job, snap.step, url, [lay.store for lay in layouts], me)
         if not failed:
             break
+        if release is not None:  # nothing is written from this snapshot: its held boxes go
+            release()
         # nothing was written; every rank takes the same way out: an older snapshot, the fallback, or raise
         r, (_, why) = failed[0]
         error = failure or StateError(f"rank {r} could not load the snapshot: {why}")
@@ -124,8 +126,12 @@ def load(
         skipped.append({"step": snap.step, "error": reason})
         first_error, below = first_error or error, snap.step
     with bd.phase("write"):  # every box of every rank arrived and verified: now the targets are written
-        if write is not None:
-            write()
+        try:
+            if write is not None:
+                write()
+        finally:
+            if release is not None:
+                release()
     with bd.phase("restore"):
         restore(state_dict, tree, {k: v for k, v in old.values.items() if k in values})
     missing, unexpected = _differences(old, new, wanted)

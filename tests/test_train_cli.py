@@ -75,7 +75,9 @@ def test_worker_under_torchrun(tmp_path: Path) -> None:
         "--metrics",
         str(tmp_path / "m.jsonl"),
     ]
-    subprocess.run(cmd, check=True, env=env, timeout=300, capture_output=True)
+    done = subprocess.run(cmd, env=env, timeout=300, capture_output=True, text=True)
+    tail = f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    assert done.returncode == 0, f"torchrun exited {done.returncode}:\n{tail}"
     assert [r["step"] for r in read_metrics(tmp_path / "m.jsonl")] == [1, 2]
 
 

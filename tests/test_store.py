@@ -354,14 +354,16 @@ def test_checksum_mismatch_is_detected_not_loaded(store, request):
 
 def test_held_boxes_are_verified_and_stay_the_verified_bytes_until_released(store, request):
     """`hold_boxes` verifies a box where it lies and keeps its blob held: a delete and a new save of the
-    same size meanwhile cannot recycle the file under the holder; a corrupted chunk raises before
-    anything is handed out; a store on another host is refused."""
+    same size meanwhile cannot recycle the file under the holder; a corrupted chunk or another dtype
+    raises before anything is handed out; a store on another host is refused."""
     job = job_name(request)
     c = store.client(local=True)
     a = sample("float32", (1 << 18, 2), 7)  # 2 MiB: two checksum chunks
     c.write_blob(job, 1, "w", a)
     c.commit(job, 1, None)
-    held = c.hold_boxes(job, 1, [("w", Box((10, 0), (20, 2))), ("w", Box((0, 1), (5, 2)))])
+    held = c.hold_boxes(
+        job, 1, [("w", Box((10, 0), (20, 2)), "float32"), ("w", Box((0, 1), (5, 2)), "float32")]
+    )
     c.delete_version(job, 1)  # deleted while held: its file goes to the pool only at the release
     c.write_blob(job, 2, "w", np.zeros_like(a))
     c.commit(job, 2, None)
@@ -382,10 +384,12 @@ def test_held_boxes_are_verified_and_stay_the_verified_bytes_until_released(stor
         f.seek((1 << 20) + 8)
         f.write(bytes([byte[0] ^ 0xFF]))
     with pytest.raises(ChecksumError, match="corrupted"):
-        c.hold_boxes(job, 2, [("w", Box((0, 0), (1 << 18, 2)))])
-    c.hold_boxes(job, 2, [("w", Box((0, 0), (4, 2)))]).close()  # an intact chunk still holds
+        c.hold_boxes(job, 2, [("w", Box((0, 0), (1 << 18, 2)), "float32")])
+    c.hold_boxes(job, 2, [("w", Box((0, 0), (4, 2)), "float32")]).close()  # an intact chunk still holds
+    with pytest.raises(BadRequestError, match="holds float32, int32 expected"):  # never reinterpreted
+        c.hold_boxes(job, 2, [("w", Box((0, 0), (4, 2)), "int32")])
     with pytest.raises(BadRequestError, match="not on this host"):
-        store.client(local=False).hold_boxes(job, 2, [("w", Box((0, 0), (4, 2)))])
+        store.client(local=False).hold_boxes(job, 2, [("w", Box((0, 0), (4, 2)), "float32")])
     c.delete_job(job)
 
 

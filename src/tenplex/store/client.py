@@ -40,6 +40,10 @@ __all__ = ["DEFAULT_PORT", "DEFAULT_URL", "Held", "StoreClient", "read_many"]
 BoxRequest = tuple[str, Box, np.ndarray]  # (blob name, box, out)
 
 
+MAX_BATCH = 4096  # blobs in one allocate or seal request (the daemon's MAX_BOXES)
+RELAY_BATCH = 256  # boxes in one relay request
+
+
 class Held:
     """Verified boxes in a same-host store's memory (read-only views), and the hold on their blobs."""
 
@@ -52,10 +56,6 @@ class Held:
         release, self._release = self._release, None
         if release is not None:
             release()
-
-
-MAX_BATCH = 4096  # blobs in one allocate or seal request (the daemon's MAX_BOXES)
-RELAY_BATCH = 256  # boxes in one relay request
 
 
 class StoreClient(DatasetClient):
@@ -299,51 +299,44 @@ class StoreClient(DatasetClient):
         if not requests:
             return
         if self.is_local:
-            names = sorted({r[0] for r in requests})
-            pin: list[Conn] = []  # the blobs stay held by the daemon while we copy from their files
-            ask = {"names": names, "save_id": save_id}
-            found = self.request("POST", f"{self._vpath(job, step)}/locate", ask, hold=pin)
+            by_name, release = self._locate(job, step, [r[0] for r in requests], save_id)
             try:
-                by_name = dict(zip(names, found["blobs"]))
                 for name, box, out in requests:
                     self._copy_local(by_name[name], box, out, f"{job}@{step}/{name}")
             finally:
-                self._unlease(found["lease"], pin)
+                release()
             return
         payload = {"boxes": [{"name": n, "box": b.to_json()} for n, b, _ in requests], "save_id": save_id}
         self.request("POST", f"{self._vpath(job, step)}/read", payload, reader=into([r[2] for r in requests]))
 
     def hold_boxes(
-        self, job: str, step: int, requests: Sequence[tuple[str, Box]], save_id: str | None = None
+        self, job: str, step: int, requests: Sequence[tuple[str, Box, str]], save_id: str | None = None
     ) -> Held:
-        """Same host only: verify the chunks under every box and keep the blobs held, so that the caller
-        copies the boxes straight from shared memory into its own tensors later (`Held.arrays`). A load
-        writes its targets only once every rank verified its boxes; holding them spares the copy into
-        scratch memory meanwhile, and fresh memory is what costs on a virtual machine (0.1-0.5 GB/s at its
-        first touch, against ~6 GB/s for the copy). The bytes copied are the bytes verified: a held blob is
+        """Same host only: verify the chunks under every (blob, box, expected dtype) and keep the blobs
+        held, so that the caller copies the boxes straight from shared memory into its own tensors later
+        (`Held.arrays`, read-only views). A load writes its targets only once every rank verified its boxes;
+        holding them spares the copy into scratch memory meanwhile, and fresh memory is what costs on a
+        virtual machine (see docs/transformer.md). The bytes copied are the bytes verified: a held blob is
         sealed and its file is never recycled until `Held.close()` ends the hold."""
         if not self.is_local:
             raise BadRequestError(f"{self.url} is not on this host: read its boxes with read_boxes")
-        for name, _ in requests:
+        for name, _, dtype in requests:
             check_name(name)
+            check_dtype(dtype)
         if not requests:
             return Held([], lambda: None)
-        names = sorted({name for name, _ in requests})
-        pin: list[Conn] = []
-        found = self.request(
-            "POST", f"{self._vpath(job, step)}/locate", {"names": names, "save_id": save_id}, hold=pin
-        )
-        held = Held([], partial(self._unlease, found["lease"], pin))
+        by_name, release = self._locate(job, step, [r[0] for r in requests], save_id)
+        held = Held([], release)
         try:
-            by_name = dict(zip(names, found["blobs"]))
-            for name, box in requests:
+            for name, box, dtype in requests:
                 info = by_name[name]
+                if info["dtype"] != dtype:  # as check_out does for a copy: never reinterpret bytes
+                    raise BadRequestError(f"{job}@{step}/{name} holds {info['dtype']}, {dtype} expected")
                 shape = tuple(info["shape"])
                 check_inside(box, shape)
-                if info["chunk"] != CHUNK:
-                    raise StoreError(f"store uses {info['chunk']}-byte checksum chunks, this client {CHUNK}")
+                self._check_chunk(info)
                 data = self._map(info)
-                arr = blob_array(data, info["dtype"], shape)
+                arr = blob_array(data, dtype, shape)
                 lo, hi = byte_span(box, shape, arr.itemsize)
                 verify_span(data, info["digests"], lo, hi, f"{job}@{step}/{name}")
                 held.arrays.append(arr[(*box.slices(), ...)])  # read-only: the mapping is
@@ -351,6 +344,22 @@ class StoreClient(DatasetClient):
             held.close()
             raise
         return held
+
+    def _locate(
+        self, job: str, step: int, names: list[str], save_id: str | None
+    ) -> tuple[dict[str, dict[str, Any]], Callable[[], None]]:
+        """Same host: where the blobs' files are, held by the daemon for this connection until the
+        returned function ends the lease."""
+        names = sorted(set(names))
+        pin: list[Conn] = []  # the connection that holds the lease
+        ask = {"names": names, "save_id": save_id}
+        found = self.request("POST", f"{self._vpath(job, step)}/locate", ask, hold=pin)
+        return dict(zip(names, found["blobs"])), partial(self._unlease, found["lease"], pin)
+
+    @staticmethod
+    def _check_chunk(info: dict[str, Any]) -> None:
+        if info["chunk"] != CHUNK:
+            raise StoreError(f"store uses {info['chunk']}-byte checksum chunks, this client {CHUNK}")
 
     def _unlease(self, lease: int, pin: list[Conn]) -> None:
         """End a lease on the connection that holds it, without waiting for the answer (a round trip per
@@ -361,8 +370,7 @@ class StoreClient(DatasetClient):
     def _copy_local(self, info: dict[str, Any], box: Box, out: np.ndarray, what: str) -> None:
         check_inside(box, tuple(info["shape"]))
         dst = check_out(out, info["dtype"], box)
-        if info["chunk"] != CHUNK:
-            raise StoreError(f"store uses {info['chunk']}-byte checksum chunks, this client {CHUNK}")
+        self._check_chunk(info)
         copy_box(self._map(info), info["digests"], info["dtype"], tuple(info["shape"]), box, dst, what)
 
     def _map(self, info: dict[str, Any], writable: bool = False) -> memoryview:

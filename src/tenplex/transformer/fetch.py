@@ -15,8 +15,7 @@ import torch
 
 from ..planner import Fetch, Plan, Route
 from ..ptc import PTC, Box
-from ..store import StoreClient, StoreError, read_many, relay_many
-from ..store.client import Held
+from ..store import Held, StoreClient, StoreError, read_many, relay_many
 from ..store.keys import NUMPY_DTYPE
 from ..util.arena import Arena
 from .breakdown import Breakdown
@@ -101,6 +100,7 @@ def execute(
     ))  # fmt: skip
     staged = {n: Staged(shards[n].local, fill=False, scratch=arena) for n in inplace}
     network: list[tuple[StoreClient, str, int, str, Any, np.ndarray]] = []
+    copies: list[tuple[StoreClient, str, int, str, Any, np.ndarray]] = []  # this host's, to a GPU target
     relayed: list[tuple[StoreClient, str, str, Any, np.ndarray]] = []
     apart: list[tuple[torch.Tensor, np.ndarray]] = []  # (the target's view, the box's own buffer)
     for (f, src_box, c, peer), rel, run in zip(pulled, rels, runs):
@@ -113,28 +113,24 @@ def execute(
         if peer is not None:
             relayed.append((c, peer, blob, src_box, out))
         else:
-            network.append((c, job, step, blob, src_box, out))
-    holds: list[Held] = []
+            (copies if c.is_local else network).append((c, job, step, blob, src_box, out))
     by_store: dict[int, tuple[StoreClient, list[tuple[Fetch, Box]]]] = {}
     for f, src_box, c in held_here:
         by_store.setdefault(id(c), (c, []))[1].append((f, src_box))
-
-    copies = [r for r in network if r[0].is_local]  # a GPU target's boxes in this host's store
-    network = [r for r in network if not r[0].is_local]
+    holds: list[tuple[Held, list[tuple[Fetch, Box]]]] = []  # each hold with the fetches it serves
 
     def hold() -> None:
         read_many(copies, concurrency, save_id)
         for c, boxes in by_store.values():
-            holds.append(
-                c.hold_boxes(job, step, [(blob_name(f.src, f.tensor), b) for f, b in boxes], save_id)
-            )
+            asked = [(blob_name(f.src, f.tensor), b, shards[f.tensor].dtype) for f, b in boxes]
+            holds.append((c.hold_boxes(job, step, asked, save_id), boxes))
 
     kinds = [("shm_reads", held_here + copies, hold),
              ("relayed_reads", relayed, lambda: relay_many(relayed, job, step, concurrency, save_id)),
              ("network_reads", network, lambda: read_many(network, concurrency, save_id))]  # fmt: skip
 
     def release() -> None:
-        for h in holds:
+        for h, _ in holds:
             h.close()
 
     try:
@@ -155,11 +151,10 @@ def execute(
         for view, buf in apart:
             src = torch.from_numpy(buf)
             copy_into(view, src.view(view.dtype) if view.dtype in VIEW_AS else src)
-        for h, (_, boxes) in zip(holds, by_store.values()):
+        for h, boxes in holds:  # dtypes checked by hold_boxes
             for (f, _), arr in zip(boxes, h.arrays):
                 dst = as_numpy(shards[f.tensor].local[f.box.relative_to(shards[f.tensor].box).slices()])
-                same = arr.dtype.itemsize == dst.dtype.itemsize  # bfloat16: uint16 on both sides
-                np.copyto(dst, arr.view(dst.dtype) if same else arr, casting="no")
+                np.copyto(dst, arr.view(dst.dtype), casting="no")  # bfloat16: uint16 on both sides
 
     return moved, write, release
 

@@ -106,8 +106,13 @@ def load(
             )  # fmt: skip
         except Exception as e:  # every rank learns of it below, so none waits for the others forever
             failure = e
-        with bd.phase("barrier"):  # every rank's status: the wait for the slowest rank
-            statuses = world.all_gather(_describe(failure), group)
+        try:
+            with bd.phase("barrier"):  # every rank's status: the wait for the slowest rank
+                statuses = world.all_gather(_describe(failure), group)
+        except BaseException:  # the group broke: nothing will be written from the held boxes
+            if release is not None:
+                release()
+            raise
         failed = [(r, f) for r, f in enumerate(statuses) if f is not None]
         with bd.phase("drop_relays"):
             drop_relays(job, snap.step, url, [lay.store for lay in layouts], me)

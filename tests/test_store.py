@@ -23,6 +23,7 @@ from tenplex.store import (
     MemoryLimitError,
     NotFoundError,
     StoreClient,
+    hold_relayed_many,
     read_many,
     start_store,
 )
@@ -452,6 +453,57 @@ def test_a_relay_request_of_many_boxes_fetches_them_together(request):
         with pytest.raises(NotFoundError):
             here.client().fetch_remote_many(remote.url, job, 3, [("nope", None, np.empty(1, np.float32))])
         assert here.client().stats()["relay_blobs"] == 51  # the failed fetch left nothing behind
+
+
+def test_held_relayed_boxes_are_verified_and_outlive_a_dropped_relay(request):
+    """`hold_relayed_many`: boxes of two other stores are fetched once into this host's store, verified
+    there and held; each hold names the requests it answers (two peers, interleaved); a dropped relay
+    cache does not free what is held; a corrupted relay copy, another dtype, or a store on another host is
+    refused before anything is handed out."""
+    job = job_name(request)
+    with (
+        start_store(memory_limit="64MiB") as one,
+        start_store(memory_limit="64MiB") as two,
+        start_store(memory_limit="64MiB") as here,
+    ):
+        data = {}
+        for k, peer in enumerate((one, two)):
+            pc = peer.client(local=False)
+            data[peer.url] = sample("float32", (1 << 18, 2), 10 + k)  # 2 MiB: two checksum chunks
+            pc.write_blob(job, 1, "w", data[peer.url])
+            pc.commit(job, 1, None)
+        hc = here.client(local=True)
+        boxes = [Box((0, 0), (4, 2)), Box((100, 1), (1 << 18, 2)), Box((7, 0), (9, 1))]
+        asked = [(hc, p.url, "w", b, "float32") for b in boxes for p in (one, two)]  # peers interleaved
+        made = hold_relayed_many(asked, job, 1, concurrency=2)
+        assert sorted(i for _, which in made for i in which) == list(range(len(asked)))
+        assert hc.drop_relay(job, 1) == len(asked)  # dropped while held: the files stay until the release
+        for h, which in made:
+            for arr, i in zip(h.arrays, which, strict=True):
+                _, url, _, box, _ = asked[i]
+                np.testing.assert_array_equal(arr, data[url][box.slices()])
+                assert not arr.flags.writeable
+            h.close()
+        deadline = time.monotonic() + 5  # the release is sent without waiting for its answer
+        while hc.stats()["memory_used"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert hc.stats()["memory_used"] == 0
+        whole = Box((0, 0), (1 << 18, 2))
+        pin: list = []  # where the relay keeps its copy: flip a byte of its second chunk
+        payload = hc._relay_payload(one.url, job, 1, [("w", whole, None)], None)
+        found = hc.request("POST", "/v1/relay", payload, hold=pin)
+        hc._unlease(found["lease"], pin)
+        with open(found["blobs"][0]["path"], "r+b") as f:
+            f.seek((1 << 20) + 8)
+            byte = f.read(1)
+            f.seek((1 << 20) + 8)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        with pytest.raises(ChecksumError, match="corrupted"):
+            hc.hold_relayed(one.url, job, 1, [("w", whole, "float32")])
+        with pytest.raises(BadRequestError, match="holds float32, int32 expected"):  # never reinterpreted
+            hc.hold_relayed(two.url, job, 1, [("w", whole, "int32")])
+        with pytest.raises(BadRequestError, match="not on this host"):
+            here.client(local=False).hold_relayed(two.url, job, 1, [("w", whole, "float32")])
 
 
 def test_relay_fetches_remote_bytes_once(request):

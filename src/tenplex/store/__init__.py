@@ -5,7 +5,7 @@ sockets. Versions are committed atomically, blobs carry per-chunk checksums, com
 replicated to peer stores, and a relay lets one host fetch remote bytes once for all its ranks.
 """
 
-from .client import DEFAULT_PORT, DEFAULT_URL, Held, StoreClient, read_many, relay_many
+from .client import DEFAULT_PORT, DEFAULT_URL, Held, StoreClient, hold_relayed_many, read_many, relay_many
 from .errors import (
     AuthError,
     BadRequestError,
@@ -34,6 +34,7 @@ __all__ = [
     "StoreProcess",
     "StoreUnavailable",
     "TooLargeError",
+    "hold_relayed_many",
     "read_many",
     "relay_many",
     "start_store",

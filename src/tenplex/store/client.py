@@ -35,7 +35,15 @@ from .protocol import Conn
 from .shm import map_file
 from .transport import DEFAULT_PORT, DEFAULT_URL, into
 
-__all__ = ["DEFAULT_PORT", "DEFAULT_URL", "Held", "StoreClient", "read_many"]
+__all__ = [
+    "DEFAULT_PORT",
+    "DEFAULT_URL",
+    "Held",
+    "StoreClient",
+    "hold_relayed_many",
+    "read_many",
+    "relay_many",
+]
 
 BoxRequest = tuple[str, Box, np.ndarray]  # (blob name, box, out)
 
@@ -329,21 +337,65 @@ class StoreClient(DatasetClient):
         held = Held([], release)
         try:
             for name, box, dtype in requests:
-                info = by_name[name]
-                if info["dtype"] != dtype:  # as check_out does for a copy: never reinterpret bytes
-                    raise BadRequestError(f"{job}@{step}/{name} holds {info['dtype']}, {dtype} expected")
-                shape = tuple(info["shape"])
-                check_inside(box, shape)
-                self._check_chunk(info)
-                data = self._map(info)
-                arr = blob_array(data, dtype, shape)
-                lo, hi = byte_span(box, shape, arr.itemsize)
-                verify_span(data, info["digests"], lo, hi, f"{job}@{step}/{name}")
-                held.arrays.append(arr[(*box.slices(), ...)])  # read-only: the mapping is
+                held.arrays.append(self._verified_view(by_name[name], box, dtype, f"{job}@{step}/{name}"))
         except BaseException:
             held.close()
             raise
         return held
+
+    def hold_relayed(
+        self,
+        peer_url: str,
+        job: str,
+        step: int,
+        items: Sequence[tuple[str, Box, str]],
+        save_id: str | None = None,
+    ) -> Held:
+        """`hold_boxes` for boxes of another host's store (blob, box, expected dtype): this host's store
+        fetches each once (as `fetch_remote_many`), the boxes are verified in its memory and held there,
+        so the caller copies them into its tensors later without landing them in scratch memory first."""
+        if not self.is_local:
+            raise BadRequestError(
+                f"{self.url} is not on this host: read relayed boxes with fetch_remote_many"
+            )
+        if len(items) > RELAY_BATCH:
+            raise BadRequestError(f"at most {RELAY_BATCH} relayed boxes per hold, {len(items)} asked")
+        for name, _, dtype in items:
+            check_name(name)
+            check_dtype(dtype)
+        if not items:
+            return Held([], lambda: None)
+        pin: list[Conn] = []
+        found = self.request(
+            "POST", "/v1/relay", self._relay_payload(peer_url, job, step, items, save_id), hold=pin
+        )
+        held = Held([], partial(self._unlease, found["lease"], pin))
+        try:
+            for info, (name, box, dtype) in zip(found["blobs"], items, strict=True):
+                if tuple(info["shape"]) != box.shape:
+                    raise StoreError(f"relay of {name!r} answered shape {info['shape']} for box {box}")
+                whole = Box.full(box.shape)
+                held.arrays.append(
+                    self._verified_view(info, whole, dtype, f"relay {peer_url} {job}@{step}/{name}")
+                )
+        except BaseException:
+            held.close()
+            raise
+        return held
+
+    def _verified_view(self, info: dict[str, Any], box: Box, dtype: str, what: str) -> np.ndarray:
+        """A read-only view of `box` of a located blob, its chunks verified; refuses another dtype (as
+        check_out does for a copy: bytes are never reinterpreted)."""
+        if info["dtype"] != dtype:
+            raise BadRequestError(f"{what} holds {info['dtype']}, {dtype} expected")
+        shape = tuple(info["shape"])
+        check_inside(box, shape)
+        self._check_chunk(info)
+        data = self._map(info)
+        arr = blob_array(data, dtype, shape)
+        lo, hi = byte_span(box, shape, arr.itemsize)
+        verify_span(data, info["digests"], lo, hi, what)
+        return arr[(*box.slices(), ...)]  # read-only: the mapping is
 
     def _locate(
         self, job: str, step: int, names: list[str], save_id: str | None
@@ -411,11 +463,7 @@ class StoreClient(DatasetClient):
                 raise BadRequestError(f"out for {name!r} must have the box's shape {list(box.shape)}")
         for start in range(0, len(items), RELAY_BATCH):
             part = items[start : start + RELAY_BATCH]
-            payload = {
-                "peer": peer_url, "job": check_job(job), "step": check_step(step), "local": self.is_local,
-                "boxes": [{"name": n, "box": None if b is None else b.to_json()} for n, b, _ in part],
-                "save_id": save_id,
-            }  # fmt: skip
+            payload = self._relay_payload(peer_url, job, step, part, save_id)
             if not self.is_local:
                 self.request("POST", "/v1/relay", payload, reader=into([o for _, _, o in part]))
                 continue
@@ -427,6 +475,20 @@ class StoreClient(DatasetClient):
                     self._copy_local(info, whole, out, f"relay {peer_url} {job}@{step}/{name}")
             finally:
                 self._unlease(found["lease"], pin)
+
+    def _relay_payload(
+        self,
+        peer_url: str,
+        job: str,
+        step: int,
+        part: Sequence[tuple[str, Box | None, Any]],
+        save_id: str | None,
+    ) -> dict[str, Any]:
+        return {
+            "peer": peer_url, "job": check_job(job), "step": check_step(step), "local": self.is_local,
+            "boxes": [{"name": n, "box": None if b is None else b.to_json()} for n, b, _ in part],
+            "save_id": save_id,
+        }  # fmt: skip
 
     def drop_relay(self, job: str, step: int) -> int:
         """Free the relay cache entries of (job, step); returns how many were dropped."""
@@ -470,15 +532,53 @@ def relay_many(
 ) -> None:
     """Relayed reads (client of this host's store, peer URL, blob, box, out): one `fetch_remote_many`
     per (store, peer) and batch, at most `concurrency` in flight."""
-    groups: dict[tuple[int, str], list[tuple[str, Box | None, np.ndarray]]] = {}
-    clients: dict[int, StoreClient] = {}
-    for c, peer, name, box, out in requests:
-        clients[id(c)] = c
-        groups.setdefault((id(c), peer), []).append((name, box, out))
-    work = [(clients[k], peer, items[i : i + RELAY_BATCH])
-            for (k, peer), items in groups.items() for i in range(0, len(items), RELAY_BATCH)]  # fmt: skip
-    calls = [partial(c.fetch_remote_many, peer, job, step, part, save_id) for c, peer, part in work]
+    calls = [
+        partial(c.fetch_remote_many, peer, job, step, part, save_id)
+        for c, peer, part in _relay_batches(requests)
+    ]
     _all(calls, concurrency)
+
+
+def hold_relayed_many(
+    requests: Iterable[tuple[StoreClient, str, str, Box, str]],
+    job: str,
+    step: int,
+    concurrency: int = 8,
+    save_id: str | None = None,
+) -> list[tuple[Held, list[int]]]:
+    """`hold_relayed` for (client of this host's store, peer URL, blob, box, dtype), batched as `relay_many`:
+    one hold per batch, each with the positions in `requests` of its arrays. On an error every hold made is
+    ended before it is raised."""
+    numbered = [(c, peer, name, box, (dtype, i)) for i, (c, peer, name, box, dtype) in enumerate(requests)]
+    work = _relay_batches(numbered)
+    holds: list[tuple[Held, list[int]] | None] = [None] * len(work)
+
+    def one(k: int) -> None:
+        c, peer, part = work[k]
+        h = c.hold_relayed(peer, job, step, [(n, b, dt) for n, b, (dt, _) in part], save_id)
+        holds[k] = (h, [i for _, _, (_, i) in part])
+
+    try:
+        _all([partial(one, k) for k in range(len(work))], concurrency)
+    except BaseException:
+        for made in holds:
+            if made is not None:
+                made[0].close()
+        raise
+    return [made for made in holds if made is not None]
+
+
+def _relay_batches(
+    requests: Iterable[tuple[StoreClient, str, str, Any, Any]],
+) -> list[tuple[StoreClient, str, list]]:
+    """(client, peer, items of at most RELAY_BATCH) per (store, peer), items in request order."""
+    groups: dict[tuple[int, str], list[tuple[str, Any, Any]]] = {}
+    clients: dict[int, StoreClient] = {}
+    for c, peer, name, box, extra in requests:
+        clients[id(c)] = c
+        groups.setdefault((id(c), peer), []).append((name, box, extra))
+    return [(clients[k], peer, items[i : i + RELAY_BATCH])
+            for (k, peer), items in groups.items() for i in range(0, len(items), RELAY_BATCH)]  # fmt: skip
 
 
 def _all(calls: list[Callable[[], None]], concurrency: int) -> None:

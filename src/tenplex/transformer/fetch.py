@@ -15,7 +15,7 @@ import torch
 
 from ..planner import Fetch, Plan, Route
 from ..ptc import PTC, Box
-from ..store import Held, StoreClient, StoreError, read_many, relay_many
+from ..store import Held, StoreClient, StoreError, hold_relayed_many, read_many, relay_many
 from ..store.keys import NUMPY_DTYPE
 from ..util.arena import Arena
 from .breakdown import Breakdown
@@ -85,11 +85,12 @@ def execute(
             routed.append((f, src_box, client(src_url), None))
         moved["central" if central else f.route.value] += f.box.volume * old.tensors[f.tensor].itemsize
 
-    def in_place(f: Fetch, c: StoreClient, peer: str | None) -> bool:
-        return peer is None and c.is_local and shards[f.tensor].local.device.type == "cpu"
+    def in_place(f: Fetch, c: StoreClient) -> bool:
+        return c.is_local and shards[f.tensor].local.device.type == "cpu"
 
-    held_here = [(f, b, c) for f, b, c, peer in routed if in_place(f, c, peer)]
-    pulled = [(f, b, c, peer) for f, b, c, peer in routed if not in_place(f, c, peer)]
+    held_here = [(f, b, c) for f, b, c, peer in routed if peer is None and in_place(f, c)]
+    held_relayed = [(f, b, c, peer) for f, b, c, peer in routed if peer is not None and in_place(f, c)]
+    pulled = [(f, b, c, peer) for f, b, c, peer in routed if not in_place(f, c)]
     rels = [f.box.relative_to(shards[f.tensor].box) for f, *_ in pulled]
     runs = [_contiguous(rel, shards[f.tensor].box.shape) for (f, *_), rel in zip(pulled, rels)]
     inplace = sorted({f.tensor for (f, *_), run in zip(pulled, runs) if run})
@@ -125,8 +126,15 @@ def execute(
             asked = [(blob_name(f.src, f.tensor), b, shards[f.tensor].dtype) for f, b in boxes]
             holds.append((c.hold_boxes(job, step, asked, save_id), boxes))
 
+    def hold_relays() -> None:
+        relay_many(relayed, job, step, concurrency, save_id)
+        asked = [(c, peer, blob_name(f.src, f.tensor), b, shards[f.tensor].dtype)
+                 for f, b, c, peer in held_relayed]  # fmt: skip
+        for h, which in hold_relayed_many(asked, job, step, concurrency, save_id):
+            holds.append((h, [held_relayed[i][:2] for i in which]))
+
     kinds = [("shm_reads", held_here + copies, hold),
-             ("relayed_reads", relayed, lambda: relay_many(relayed, job, step, concurrency, save_id)),
+             ("relayed_reads", relayed + held_relayed, hold_relays),
              ("network_reads", network, lambda: read_many(network, concurrency, save_id))]  # fmt: skip
 
     def release() -> None:

@@ -291,6 +291,36 @@ def test_a_recorded_store_pid_is_signalled_only_while_it_is_that_store(tmp_path)
         other.wait()
 
 
+def test_the_stores_of_spare_hosts_run_before_the_job_needs_them_and_never_outlive_a_shutdown(tmp_path):
+    """A redeploy or a scale-out should not wait for its hosts' stores to start: `fill` starts those of the
+    job's hosts and of the next unused ones (enough for the largest layout) in a thread, never on a failed
+    host; once the hosts are shut down, a late start is refused rather than leaving a store behind."""
+    from tenplex.runtime.hosts import EmulatedHosts
+    from tenplex.runtime.launcher import Launcher
+
+    hosts = EmulatedHosts(tmp_path, devices_per_host=2, failed_hosts={"h1"})
+    hosts.allocation = ["h0/d0", "h0/d1"]
+    launcher = Launcher(tmp_path, hosts, pool_size=4)
+    try:
+        assert launcher.spare_hosts() == {"h0": 2, "h2": 2, "h3": 2}
+        launcher.start_stores(list(launcher.spare_hosts()))
+        launcher.close()  # waits for the thread
+        assert set(hosts.stores) == {"h0", "h2", "h3"}
+        urls = [s["url"] for s in hosts.stores.values()]
+        assert all(health(u) for u in urls)
+        hosts.shutdown()
+        launcher.start_stores(["h4"])
+        launcher.close()
+        assert hosts.stores == {} and not (tmp_path / "store-h4.log").exists()
+        deadline = time.time() + 10
+        while any(health(u) for u in urls) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not any(health(u) for u in urls)
+    finally:
+        launcher.close()
+        hosts.shutdown()
+
+
 # -- whole jobs -------------------------------------------------------------------------------------------
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")

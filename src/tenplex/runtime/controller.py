@@ -129,7 +129,7 @@ class Controller:
             )
         if not self.hosts.allocation:
             self._apply(first, step)
-        self.launcher.fill()  # every rank the schedule will need imports from the start
+        self.launcher.fill(starting=True)  # every rank the schedule will need imports from the start
         index, prev, crashes, crashed_at = self._next_phase(), None, 0, -1
         while step < cfg.steps:
             while by_step and by_step[0].step <= step and not by_step[0].is_failure:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +40,11 @@ class EmulatedHosts:
     stores: dict[str, dict] = field(default_factory=dict)  # host -> {"url", "pid"}
     failed_devices: set[str] = field(default_factory=set)
     failed_hosts: set[str] = field(default_factory=set)
+    partitioned: set[str] = field(default_factory=set)  # cut off from the others (namespace hosts only)
     allocation: list[str] = field(default_factory=list)  # device ids, in rank order
+    # stores of spare hosts are started in a thread while the controller goes on (`Launcher.fill`)
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
+    closed: bool = field(default=False, repr=False, compare=False)
 
     # -- stores --------------------------------------------------------------------------------------------
     @property
@@ -47,18 +52,15 @@ class EmulatedHosts:
         return self.run_dir / "cluster.json"
 
     def save(self) -> None:
-        self._state_file.write_text(
-            json.dumps(
-                {
-                    "devices_per_host": self.devices_per_host,
-                    "stores": self.stores,
-                    "failed_devices": sorted(self.failed_devices),
-                    "failed_hosts": sorted(self.failed_hosts),
-                    "allocation": self.allocation,
-                },
-                indent=1,
-            )
-        )
+        with self.lock:
+            state = {
+                "devices_per_host": self.devices_per_host,
+                "stores": self.stores,
+                "failed_devices": sorted(self.failed_devices),
+                "failed_hosts": sorted(self.failed_hosts),
+                "allocation": self.allocation,
+            }
+            self._state_file.write_text(json.dumps(state, indent=1))
 
     def restore(self) -> bool:
         """Reload a previous controller's view; stores that still answer are reused."""
@@ -92,21 +94,29 @@ class EmulatedHosts:
 
     def store_url(self, host: str) -> str:
         """The URL of `host`'s store, started on first use (the seam where a host's store is started)."""
-        if host not in self.stores:
-            self.stores[host] = self._start_store(host)
-            self.save()
-        return self.stores[host]["url"]
+        with self.lock:
+            if host not in self.stores:
+                self._check_open(host)
+                self.stores[host] = self._start_store(host)
+                self.save()
+            return self.stores[host]["url"]
 
     def store_urls(self, hosts: list[str]) -> dict[str, str]:
         """The stores of `hosts`, those not running yet started at once (a redeploy starts several)."""
-        missing = [h for h in hosts if h not in self.stores]
-        if len(missing) > 1:
-            with ThreadPoolExecutor(len(missing)) as pool:
-                started = list(pool.map(self._start_store, missing))
-            for h, s in zip(missing, started):
-                self.stores[h] = s
-            self.save()
-        return {h: self.store_url(h) for h in hosts}
+        with self.lock:
+            missing = [h for h in hosts if h not in self.stores]
+            if len(missing) > 1:
+                self._check_open(missing[0])
+                with ThreadPoolExecutor(len(missing)) as pool:
+                    started = list(pool.map(self._start_store, missing))
+                for h, s in zip(missing, started):
+                    self.stores[h] = s
+                self.save()
+            return {h: self.store_url(h) for h in hosts}
+
+    def _check_open(self, host: str) -> None:
+        if self.closed:  # a spare host's store started after the shutdown would outlive the run
+            raise HostsError(f"the hosts were shut down: no store is started for {host}")
 
     def _start_store(self, host: str) -> dict:
         sp = start_store(memory_limit=self.memory_limit, log=str(self.run_dir / f"store-{host}.log"))
@@ -114,17 +124,20 @@ class EmulatedHosts:
 
     def kill_host(self, host: str) -> None:
         """A host failure: its store dies with its snapshots."""
-        s = self.stores.pop(host, None)
-        if s:
-            _signal_store(s, signal.SIGKILL)
-        self.failed_hosts.add(host)
-        self.save()
+        with self.lock:
+            s = self.stores.pop(host, None)
+            if s:
+                _signal_store(s, signal.SIGKILL)
+            self.failed_hosts.add(host)
+            self.save()
 
     def shutdown(self) -> None:
-        for s in self.stores.values():
-            _signal_store(s, signal.SIGTERM)
-        self.stores.clear()
-        self.save()
+        with self.lock:
+            self.closed = True
+            for s in self.stores.values():
+                _signal_store(s, signal.SIGTERM)
+            self.stores.clear()
+            self.save()
 
     # -- devices -------------------------------------------------------------------------------------------
     def _hosts(self) -> list[str]:

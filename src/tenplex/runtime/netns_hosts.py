@@ -15,12 +15,11 @@ import ctypes
 import os
 import signal
 import subprocess
-import threading
 from pathlib import Path
 
 from ..store import StoreClient, StoreError
 from ..util import default_token_path, logs, read_token
-from .hosts import EmulatedHosts, health, started_at
+from .hosts import EmulatedHosts, health, host_of, started_at
 from .launcher import Launcher
 from .netns import NIC, Network, prefix_for
 from .phase import Phase
@@ -82,9 +81,7 @@ class NamespaceHosts(EmulatedHosts):
         self.ctl = self.net.add_host("ctl", shaped=False)
         self._home: int | None = enter(self.ctl.ns)
         self._procs: dict[str, subprocess.Popen] = {}
-        self.partitioned: set[str] = set()
         self.dropped: dict[str, str] = {}  # cut-off hosts the job went on without -> their store's URL
-        self.lock = threading.RLock()  # spare hosts are made in a thread while the controller goes on
         self.final: dict[str, dict] = {}  # failed hosts: their address and counters when they died
 
     def store_url(self, host: str) -> str:
@@ -93,6 +90,7 @@ class NamespaceHosts(EmulatedHosts):
 
     def _store_url(self, host: str) -> str:
         if host not in self.stores:
+            self._check_open(host)
             self.net.add_host(host)
             out = str(self.run_dir / f"store-{host}.log")
             url, proc = self.net.start_store(host, self.token_file, out, self.memory_limit)
@@ -178,6 +176,8 @@ class NamespaceHosts(EmulatedHosts):
 
     def shutdown(self) -> None:
         """Stop the stores, leave the controller's namespace, delete every namespace of the run."""
+        with self.lock:
+            self.closed = True
         for host in list(self._procs):
             if self._procs[host].poll() is None:
                 self._procs[host].send_signal(signal.SIGTERM)
@@ -210,7 +210,6 @@ class NamespaceLauncher(Launcher):
         self.run_dir, self.nshosts = run_dir, hosts
         self.pools: dict[str, StandbyPool] = {}
         self._owner: dict[int, StandbyPool] = {}
-        self._spares: threading.Thread | None = None
 
     def _pool(self, host: str) -> StandbyPool:
         """The host's pool (the controller's main thread only: see `fill`)."""
@@ -220,39 +219,15 @@ class NamespaceLauncher(Launcher):
             self.pools[host] = StandbyPool(self.run_dir / f"standby-{host}.log", env, True, wrap=wrap)
         return self.pools[host]
 
-    def fill(self) -> None:
-        """Spares on the hosts the job is on (as many as each runs ranks, for a restart after a failure)
-        and on the next unused hosts (enough for the schedule's largest layout, for a scale-out or a
-        redeploy): a process cannot move between hosts, so each host imports its own."""
-        hosts = self.nshosts
-        per_host: dict[str, int] = {}
-        for d in hosts.allocation:
-            per_host[d.split("/", 1)[0]] = per_host.get(d.split("/", 1)[0], 0) + 1
-        spare = -(-self.pool_size // hosts.devices_per_host)
-        for h in hosts._hosts():
-            if spare <= 0:
-                break
-            if h not in per_host and h not in hosts.failed_hosts:
-                per_host[h], spare = hosts.devices_per_host, spare - 1
-        want = {h: n for h, n in per_host.items() if h not in hosts.failed_hosts | hosts.partitioned}
-        ready = [h for h in want if h in hosts.stores]  # no lock: a host being made is not ready yet
+    def fill(self, starting: bool = False) -> None:
+        """Spares on the hosts `spare_hosts` names, as many as each may run (`starting`: and the first
+        phase's ranks there): a process cannot move between hosts, so each host imports its own."""
+        want = self.spare_hosts()
+        first = [host_of(d) for d in self.nshosts.allocation] if starting else []
+        ready = [h for h in want if h in self.nshosts.stores]  # no lock: a host being made is not ready yet
         for h in ready:  # processes are started here, in the controller's main thread: a standby process
-            self._pool(h).fill(want[h])  # dies with the thread that started it (PR_SET_PDEATHSIG)
-        new = [h for h in want if h not in ready]
-        if new and (self._spares is None or not self._spares.is_alive()):
-            # a new host takes seconds (namespace, store): in a thread, so the controller keeps watching
-            # the job; its spares are started by the next fill
-            self._spares = threading.Thread(target=self._make_hosts, args=(new,), daemon=True)
-            self._spares.start()
-
-    def _make_hosts(self, names: list[str]) -> None:
-        for h in names:
-            try:
-                with self.nshosts.lock:
-                    if h not in self.nshosts.failed_hosts:
-                        self.nshosts.store_url(h)
-            except Exception as e:  # a spare host is only an optimization: it is made when first used
-                log.warning("spare host %s not made: %s", h, e)
+            self._pool(h).fill(want[h] + first.count(h))  # dies with the thread that started it (PDEATHSIG)
+        self.start_stores([h for h in want if h not in ready])  # their spares: at the next fill
 
     def master(self, phase: Phase) -> tuple[str, int]:
         host = phase.devices[0].split("/", 1)[0]
@@ -274,7 +249,6 @@ class NamespaceLauncher(Launcher):
         return any(p is pool and h in self.nshosts.net.hosts for h, p in self.pools.items())
 
     def close(self) -> None:
-        if self._spares is not None:
-            self._spares.join()
+        super().close()
         for pool in self.pools.values():
             pool.close()

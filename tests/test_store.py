@@ -577,6 +577,37 @@ def test_freed_files_are_recycled_within_the_limit(request):
         assert c.stats()["memory_pooled"] == 0
 
 
+def test_a_blob_of_a_new_size_takes_a_larger_pooled_files_pages(request):
+    """After a reconfiguration no pooled file has a new blob's size: the smallest larger one is cut to size
+    (its pages are taken already, fresh ones cost a first touch), and a client that mapped the file at its
+    old size reads the new blob's bytes, never the old ones."""
+    job = job_name(request)
+    with start_store(memory_limit="16MiB") as sp:
+        c, net = sp.client(local=True), sp.client(local=False)
+        c.write_blob(job, 1, "small", np.full(1 << 18, 7, np.float32))  # 1 MiB: stays pooled, too small
+        c.write_blob(job, 1, "w", np.full(3 << 18, 1, np.float32))  # 3 MiB
+        c.commit(job, 1, None)
+        first = blob_path(c, job, 1, "w")
+        out = np.empty(3 << 18, np.float32)
+        c.read_box(job, 1, "w", Box((0,), out.shape), out)  # this client now maps it at 3 MiB
+        c.delete_version(job, 1)
+        assert c.stats()["memory_pooled"] == 4 << 20
+        new = sample("float32", (1 << 19, 1), 5)  # 2 MiB: the 3 MiB file, cut, not the 1 MiB one
+        c.write_blob(job, 2, "v", new)
+        c.commit(job, 2, None)
+        assert blob_path(c, job, 2, "v") == first
+        assert c.stats()["memory_pooled"] == 1 << 20 and c.stats()["memory_used"] == new.nbytes
+        for reader in (c, net):
+            got = np.empty_like(new)
+            reader.read_box(job, 2, "v", Box((0, 0), new.shape), got)
+            np.testing.assert_array_equal(got, new)
+        c.write_blob(job, 3, "w", np.full(3 << 18, 3, np.float32))  # the old size again: a file of its own
+        c.commit(job, 3, None)
+        c.read_box(job, 3, "w", Box((0,), out.shape), out)
+        assert (out == 3).all() and blob_path(c, job, 3, "w") != first
+        c.delete_job(job)
+
+
 def test_pooled_files_a_client_still_maps_give_their_memory_back_when_trimmed(request):
     """A client caches the mappings of blob files it read; a mapping keeps an unlinked file's pages, so a
     store that made room by unlinking pooled files ran out of space below its limit (ENOSPC on writing

@@ -171,6 +171,35 @@ def test_a_store_dying_mid_load_leaves_the_targets_or_falls_back(tmp_path, monke
             monkeypatch.setattr(fetch, "read_many", real)
 
 
+def test_boxes_from_another_host_go_through_this_hosts_store_or_scratch_when_it_is_full(monkeypatch):
+    """A box of another host's store, for a CPU target, is fetched into this host's store and held there
+    (memory the store has taken already, not fresh scratch); when this host's store has no room for it,
+    the load reads it into scratch instead of failing. Either way the bytes arrive whole, checked, and the
+    relay copies are gone afterwards."""
+    import tenplex.transformer.fetch as fetch
+
+    real, scratched = fetch._into_scratch, []
+
+    def spy(*args, **kwargs):
+        scratched.append(len(args[0]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fetch, "_into_scratch", spy)
+    source = _state()
+    for limit, expect_scratch in (("64MiB", False), ("1MiB", True)):
+        scratched.clear()
+        with start_store() as old, start_store(memory_limit=limit) as own:
+            monkeypatch.setenv("TENPLEX_EMULATED_HOSTS", "1")
+            monkeypatch.setenv("TENPLEX_STORE", own.url)
+            tenplex.save(source, job="far", step=1, store=old.url)
+            target = _state(fill=-5.0)
+            info = tenplex.load(target, job="far", store=own.url, sources=[old.url])
+            assert torch.equal(target["a"], source["a"]) and torch.equal(target["b"], source["b"])
+            assert target["step"] == 7 and info.bytes["cross_host"] == 4 * 5 * 300_000, info.bytes
+            assert bool(scratched) == expect_scratch, (limit, scratched)
+            assert own.client().stats()["relay_blobs"] == 0
+
+
 def test_a_blob_whose_shape_differs_from_its_piece_is_refused():
     """A blob replaced by one of another shape that still contains every box read (a foreign save's)
     must not be read as the snapshot's piece."""

@@ -15,7 +15,7 @@ import torch
 
 from ..planner import Fetch, Plan, Route
 from ..ptc import PTC, Box
-from ..store import Held, StoreClient, StoreError, hold_relayed_many, read_many, relay_many
+from ..store import Held, MemoryLimitError, StoreClient, StoreError, hold_relayed_many, read_many, relay_many
 from ..store.keys import NUMPY_DTYPE
 from ..util.arena import Arena
 from .breakdown import Breakdown
@@ -26,8 +26,9 @@ from .stores import client
 
 
 def shared_remote_boxes(p: Plan, host: str) -> set[tuple[str, Any, int]]:
-    """(tensor, box, source rank) that more than one rank of `host` pulls from another host: only those go
-    through the host's store (fetched once, served to each); a box one rank alone needs is read directly."""
+    """(tensor, box, source rank) that more than one rank of `host` pulls from another host: those go
+    through the host's store (fetched once, served to each) whatever their target; a box one rank alone
+    needs goes there too for a CPU target (`_relays_to_cpu`), else it is read directly."""
     out = set()
     for g in p.groups:
         for m in g.moves:
@@ -55,13 +56,14 @@ def execute(
     called, after the write or instead of it).
 
     A box in this host's store is verified where it lies and held there, and the write copies it straight
-    into a CPU target: no scratch memory, whose first touch is what costs. A box from another host lands
-    in scratch: contiguous in its tensor, in a scratch copy of the tensor, written in one copy; otherwise
-    in a buffer of its own, copied into the target's view. Boxes read from one store are batched (one
-    lookup on this host, one request over the network per batch) and the stores are read in parallel;
-    boxes several local ranks need from another host go through this host's store, which fetches each
-    once. Every read names the snapshot's `save_id`, so a store holding another save of the step answers
-    NotFound instead of that save's bytes."""
+    into a CPU target: no scratch memory, whose first touch is what costs. A box from another host for a
+    CPU target is fetched into this host's store (once, however many local ranks need it) and held there
+    the same way; when that store has no room, and for accelerator targets, it lands in scratch:
+    contiguous in its tensor, in a scratch copy of the tensor, written in one copy; otherwise in a buffer
+    of its own, copied into the target's view. Boxes read from one store are batched (one lookup on this
+    host, one request over the network per batch) and the stores are read in parallel. Every read names
+    the snapshot's `save_id`, so a store holding another save of the step answers NotFound instead of that
+    save's bytes."""
     hub: StoreClient | None = client(old.mesh.hosts[0]) if central else None
     own = client(url)
     sources = {
@@ -79,8 +81,8 @@ def execute(
             routed.append((f, src_box, hub, None if src_url == hub.url else src_url))
         elif src_url == url:
             routed.append((f, src_box, own, None))
-        elif (f.tensor, f.box, f.src) in shared:
-            routed.append((f, src_box, own, src_url))
+        elif (f.tensor, f.box, f.src) in shared or _relays_to_cpu(own, client(src_url), shards[f.tensor]):
+            routed.append((f, src_box, own, src_url))  # into this host's store: fetched once, held there
         else:
             routed.append((f, src_box, client(src_url), None))
         moved["central" if central else f.route.value] += f.box.volume * old.tensors[f.tensor].itemsize
@@ -130,7 +132,12 @@ def execute(
         relay_many(relayed, job, step, concurrency, save_id)
         asked = [(c, peer, blob_name(f.src, f.tensor), b, shards[f.tensor].dtype)
                  for f, b, c, peer in held_relayed]  # fmt: skip
-        for h, which in hold_relayed_many(asked, job, step, concurrency, save_id):
+        try:
+            made = hold_relayed_many(asked, job, step, concurrency, save_id)
+        except MemoryLimitError:  # no room in this host's store: the boxes land in scratch instead
+            read_many(_into_scratch(held_relayed, shards, apart, job, step), concurrency, save_id)
+            return
+        for h, which in made:
             holds.append((h, [held_relayed[i][:2] for i in which]))
 
     kinds = [("shm_reads", held_here + copies, hold),
@@ -165,6 +172,34 @@ def execute(
                 np.copyto(dst, arr.view(dst.dtype), casting="no")  # bfloat16: uint16 on both sides
 
     return moved, write, release
+
+
+def _relays_to_cpu(own: StoreClient, src: StoreClient, shard: LocalShard) -> bool:
+    """Whether a box of another host's store goes through this host's store even if one rank alone needs
+    it: for a CPU target, when this host's store is reachable through shared memory. There the box lands in
+    memory the store has taken already (pooled, reserved) and is held until the write; in scratch memory
+    it would pay a first touch of fresh pages, which on this VM ran at 0.1-1.5 GB/s (the full-size dp
+    change over two hosts spent 6.2 s in its network reads of 0.6 GB per rank)."""
+    return own.is_local and not src.is_local and shard.local.device.type == "cpu"
+
+
+def _into_scratch(
+    relayed: list[tuple[Fetch, Box, StoreClient, str]],
+    shards: dict[str, LocalShard],
+    apart: list[tuple[torch.Tensor, np.ndarray]],
+    job: str,
+    step: int,
+) -> list[tuple[StoreClient, str, int, str, Box, np.ndarray]]:
+    """Direct reads from the peers of boxes meant to be relayed, each into a scratch buffer of its own
+    (added to `apart`, which the write copies into the targets)."""
+    dtype = {n: np.dtype(NUMPY_DTYPE[shards[n].dtype]) for n in {f.tensor for f, *_ in relayed}}
+    arena = Arena(Arena.size_of([f.box.volume * dtype[f.tensor].itemsize for f, *_ in relayed]))
+    reads = []
+    for f, src_box, _, peer in relayed:
+        out = arena.take(f.box.volume * dtype[f.tensor].itemsize).view(dtype[f.tensor]).reshape(f.box.shape)
+        apart.append((shards[f.tensor].local[f.box.relative_to(shards[f.tensor].box).slices()], out))
+        reads.append((client(peer), job, step, blob_name(f.src, f.tensor), src_box, out))
+    return reads
 
 
 def _contiguous(box: Box, shape: tuple[int, ...]) -> bool:

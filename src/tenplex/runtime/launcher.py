@@ -37,7 +37,9 @@ class Launcher:
         the spares replacing them would import while the job's first change comes (its build and first
         step 1-3 s slower on 2 cores)."""
         self.pool.fill(self.pool_size + (len(self.hosts.allocation) if starting else 0))
-        self.start_stores(list(self.spare_hosts()))
+        # in this thread: a store dies with the thread that started it (PR_SET_PDEATHSIG), so one started
+        # by a helper thread would be killed when that thread ends, leaving its shared memory behind
+        self._make_hosts([h for h in self.spare_hosts() if h not in self.hosts.stores])
 
     def spare_hosts(self) -> dict[str, int]:
         """The hosts to keep ready, with the ranks each may run: those the job is on (as many as each runs,
@@ -57,7 +59,8 @@ class Launcher:
 
     def start_stores(self, names: list[str]) -> None:
         """Start the stores of `names` that have none yet, in a thread (a store takes a while to start, and
-        the controller keeps watching the job meanwhile); one such thread at a time."""
+        the controller keeps watching the job meanwhile); one such thread at a time. For namespace hosts,
+        whose stores do not die with the thread that started them."""
         new = [h for h in names if h not in self.hosts.stores]
         if new and (self._spares is None or not self._spares.is_alive()):
             self._spares = threading.Thread(target=self._make_hosts, args=(new,), daemon=True)

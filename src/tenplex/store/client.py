@@ -326,22 +326,11 @@ class StoreClient(DatasetClient):
         holding them spares the copy into scratch memory meanwhile, and fresh memory is what costs on a
         virtual machine (see docs/transformer.md). The bytes copied are the bytes verified: a held blob is
         sealed and its file is never recycled until `Held.close()` ends the hold."""
-        if not self.is_local:
-            raise BadRequestError(f"{self.url} is not on this host: read its boxes with read_boxes")
-        for name, _, dtype in requests:
-            check_name(name)
-            check_dtype(dtype)
+        self._check_holdable(requests, "read its boxes with read_boxes")
         if not requests:
             return Held([], lambda: None)
         by_name, release = self._locate(job, step, [r[0] for r in requests], save_id)
-        held = Held([], release)
-        try:
-            for name, box, dtype in requests:
-                held.arrays.append(self._verified_view(by_name[name], box, dtype, f"{job}@{step}/{name}"))
-        except BaseException:
-            held.close()
-            raise
-        return held
+        return self._held([by_name[r[0]] for r in requests], requests, release, f"{job}@{step}")
 
     def hold_relayed(
         self,
@@ -354,30 +343,45 @@ class StoreClient(DatasetClient):
         """`hold_boxes` for boxes of another host's store (blob, box, expected dtype): this host's store
         fetches each once (as `fetch_remote_many`), the boxes are verified in its memory and held there,
         so the caller copies them into its tensors later without landing them in scratch memory first."""
-        if not self.is_local:
-            raise BadRequestError(
-                f"{self.url} is not on this host: read relayed boxes with fetch_remote_many"
-            )
+        self._check_holdable(items, "read relayed boxes with fetch_remote_many")
         if len(items) > RELAY_BATCH:
             raise BadRequestError(f"at most {RELAY_BATCH} relayed boxes per hold, {len(items)} asked")
-        for name, _, dtype in items:
-            check_name(name)
-            check_dtype(dtype)
         if not items:
             return Held([], lambda: None)
         pin: list[Conn] = []
-        found = self.request(
-            "POST", "/v1/relay", self._relay_payload(peer_url, job, step, items, save_id), hold=pin
-        )
-        held = Held([], partial(self._unlease, found["lease"], pin))
+        payload = self._relay_payload(peer_url, job, step, items, save_id)
+        found = self.request("POST", "/v1/relay", payload, hold=pin)
+        release = partial(self._unlease, found["lease"], pin)
         try:
-            for info, (name, box, dtype) in zip(found["blobs"], items, strict=True):
+            for info, (name, box, _) in zip(found["blobs"], items, strict=True):
                 if tuple(info["shape"]) != box.shape:
                     raise StoreError(f"relay of {name!r} answered shape {info['shape']} for box {box}")
-                whole = Box.full(box.shape)
-                held.arrays.append(
-                    self._verified_view(info, whole, dtype, f"relay {peer_url} {job}@{step}/{name}")
-                )
+        except BaseException:  # nothing is handed out: the lease ends here
+            release()
+            raise
+        whole = [(name, Box.full(box.shape), dtype) for name, box, dtype in items]  # a relay blob is its box
+        return self._held(found["blobs"], whole, release, f"relay {peer_url} {job}@{step}")
+
+    def _check_holdable(self, items: Sequence[tuple[str, Box, str]], instead: str) -> None:
+        if not self.is_local:
+            raise BadRequestError(f"{self.url} is not on this host: {instead}")
+        for name, _, dtype in items:
+            check_name(name)
+            check_dtype(dtype)
+
+    def _held(
+        self,
+        infos: list[dict[str, Any]],
+        items: Sequence[tuple[str, Box, str]],
+        release: Callable[[], None],
+        where: str,
+    ) -> Held:
+        """Verified views of (blob, box, dtype) of located blobs, held until `release`; on any error the
+        hold ends before it is raised."""
+        held = Held([], release)
+        try:
+            for info, (name, box, dtype) in zip(infos, items, strict=True):
+                held.arrays.append(self._verified_view(info, box, dtype, f"{where}/{name}"))
         except BaseException:
             held.close()
             raise

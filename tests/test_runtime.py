@@ -248,7 +248,13 @@ def test_the_worker_spec_round_trips_with_each_ranks_placement(tmp_path):
     from tenplex.runtime.spec import SpecError, WorkerSpec
 
     spec = WorkerSpec(
-        "j", 12, snapshot_every=3, out="o", layout=Layout(2, 1, 2, True), train={"model": "tiny"}
+        "j",
+        12,
+        snapshot_every=3,
+        out="o",
+        layout=Layout(2, 1, 2, True),
+        train={"model": "tiny"},
+        failures=[7],
     )
     path = spec.to_file(tmp_path / "spec.json")
     placed = WorkerSpec(**{**spec.__dict__, "store": "http://s:1", "device": "h1/d0", "sources": ["a", "b"]})
@@ -257,6 +263,7 @@ def test_the_worker_spec_round_trips_with_each_ranks_placement(tmp_path):
     back = WorkerSpec.from_env(env)
     assert back == WorkerSpec(**{**placed.__dict__, "emulated_hosts": False})
     assert back.layout == Layout(2, 1, 2, True) and WorkerSpec.from_env({}) is None
+    assert back.failures == [7] and back.fired_file(7) == Path("o") / "fired-7"
     (tmp_path / "bad.json").write_text('{"job": "j", "until": 1, "choose": true}')
     with pytest.raises(SpecError, match="unknown keys \\['choose'\\]"):
         WorkerSpec.from_file(tmp_path / "bad.json")

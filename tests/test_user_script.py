@@ -52,6 +52,8 @@ def test_a_users_script_survives_scale_out_a_failure_and_scale_in(tmp_path):
     recs = timeline(tmp_path / "elastic")
     launches = [x for x in recs if x["kind"] == "launch"]
     assert [len(x["devices"]) for x in launches] == [2, 3, 2, 1]  # the failure leaves 2 of 3
+    # the ranks wait at the failure's step until it hit: however fast they train, it lands at step 6
+    assert [x["step"] for x in recs if x["kind"] == "fail"] == [6]
     loaded = [x for x in recs if x["kind"] == "worker" and x["event"] == "loaded"]
     steps = [x["step"] for x in loaded]  # the recovery resumes from the newest committed snapshot
     assert len(steps) == 3 and steps[0] == 4 and steps[1] in (4, 6) and steps[2] == 8, steps
@@ -124,3 +126,15 @@ def test_a_script_that_keeps_crashing_stops_the_run_instead_of_looping(tmp_path)
         os.kill(store["pid"], signal.SIGTERM)
     assert "kill " in r.stderr
     assert cluster["failed_devices"] == [] and len(cluster["allocation"]) == 2  # a crash is not a lost device
+
+
+def test_a_rank_waits_at_a_failures_step_until_it_fired_and_not_forever(tmp_path, monkeypatch):
+    from tenplex.runtime import job
+    from tenplex.runtime.job import JobError
+
+    fired = tmp_path / "fired-6"
+    monkeypatch.setattr(job, "FAILURE_WAIT_S", 0.2)
+    with pytest.raises(JobError, match="failure due at step 6 was never injected"):
+        job._await_failure(fired, 6)
+    fired.touch()
+    job._await_failure(fired, 6)  # fired: goes on at once

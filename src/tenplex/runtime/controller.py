@@ -136,7 +136,8 @@ class Controller:
                 self._apply(by_step.pop(0), step)
             layout = self._layout(len(self.hosts.allocation))
             until = min([cfg.steps] + [e.step for e in by_step if not e.is_failure])
-            phase = self._launch(index, layout, step, until, prev)
+            failures = [e.step for e in by_step if e.is_failure and step <= e.step < until]
+            phase = self._launch(index, layout, step, until, prev, failures)
             stop_at = self.started + by_time[0].time if by_time else None  # the next time event
             self.monitor.watch(phase, by_step, stop_at, bool(cfg.script) and self._overlap_exit())
             self._no_room_for(phase)
@@ -268,13 +269,23 @@ class Controller:
             durable=self.durable,
             layout=phase.layout,
             train=train,
+            failures=phase.failures,
         )
 
-    def _launch(self, index: int, layout: Layout | None, step: int, until: int, prev: Phase | None) -> Phase:
+    def _launch(
+        self,
+        index: int,
+        layout: Layout | None,
+        step: int,
+        until: int,
+        prev: Phase | None,
+        failures: list[int],
+    ) -> Phase:
         devices = self._place(layout, list(self.hosts.allocation), prev)
         self.hosts.allocation = devices
         self.hosts.save()
         phase = Phase(index, layout, devices, step, until, dir=self.cfg.run_dir / f"phase{index}")
+        phase.failures = sorted({phase.due(s) for s in failures if phase.due(s) < until})
         phase.dir.mkdir(parents=True, exist_ok=True)
         hosts = sorted({host_of(d) for d in devices})
         self.timeline.write(

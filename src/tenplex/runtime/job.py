@@ -157,6 +157,8 @@ class ElasticJob:
     def running(self, step: int) -> bool:
         """Whether to train step `step + 1`: all ranks get the same answer (one all-reduce)."""
         self.ready(step)
+        if self.spec and step in self.spec.failures:
+            _await_failure(self.spec.fired_file(step), step)
         return step < self.until and not _stop_requested(self.stop_file)
 
     def step_done(self, step: int, state: State, *, loss: float, **metrics: Any) -> None:
@@ -249,6 +251,19 @@ def _max_over_ranks(value: float) -> float:
     t = _on_backend(torch.tensor([value], dtype=torch.float64))
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t.item())
+
+
+FAILURE_WAIT_S = 120.0  # a controller that never fires the failure it announced: the rank ends with an error
+
+
+def _await_failure(fired: Path | None, step: int) -> None:
+    """Wait where the schedule injects a failure until the controller fired it: the killed ranks die here,
+    the others go on into collectives whose peers are gone, as after any failure."""
+    deadline = time.monotonic() + FAILURE_WAIT_S
+    while fired is not None and not fired.exists():
+        if time.monotonic() > deadline:
+            raise JobError(f"the failure due at step {step} was never injected ({fired} missing)")
+        time.sleep(0.01)
 
 
 def _stop_requested(path: str | None) -> bool:

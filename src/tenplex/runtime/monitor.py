@@ -51,6 +51,7 @@ class Monitor:
                     fails.remove(e)
                     by_step.remove(e)
                     self.fail(phase, e)
+                    self.fired(phase)
             if stop_at is not None and time.time() >= stop_at:
                 (phase.dir / "stop").touch()
             if self.cut and phase.failed_at is None and time.time() - self._probed > PROBE_EVERY_S:
@@ -94,6 +95,12 @@ class Monitor:
             )
             self.live.record(r, phase.label)
             self.on_record(phase, r)
+
+    def fired(self, phase: Phase) -> None:
+        """Let the ranks waiting at a failure's step go on: the killed ones are gone, the rest find out."""
+        for s in phase.failures:
+            if s <= phase.last_step:
+                (phase.dir / f"fired-{s}").touch()
 
     def crashed(self, phase: Phase) -> None:
         phase.failed_at = time.time()

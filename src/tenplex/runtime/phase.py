@@ -17,6 +17,7 @@ class Phase:
     devices: list[str]
     start_step: int
     until: int
+    failures: list[int] = field(default_factory=list)  # steps the ranks wait at for an injected failure
     procs: list[Role] = field(default_factory=list)
     dir: Path = Path()
     launched: float = 0.0
@@ -35,6 +36,11 @@ class Phase:
 
     def __post_init__(self) -> None:
         self.last_step = max(self.last_step, self.start_step)
+
+    def due(self, step: int) -> int:
+        """The step at which a failure the schedule puts at `step` hits this phase: after its first trained
+        step at the earliest (the monitor fires once a step was trained)."""
+        return max(step, self.start_step + 1)
 
     @property
     def label(self) -> str:

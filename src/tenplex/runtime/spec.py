@@ -36,6 +36,9 @@ class WorkerSpec:
     train: dict[str, Any] | None = None  # the reference workload's TrainConfig (None for a user's script)
     table: dict | None = None  # para-config (devices -> layout) for that choice
     min_step_seconds: float = 0.0  # pace steps: emulates slower devices (tests, demos)
+    # steps at which the schedule injects a failure in this phase: the ranks wait after each until it has
+    # hit (`fired_file`), so it lands at that step however fast they train
+    failures: list[int] = field(default_factory=list)
     # this rank's placement, from the environment (not in the file: one file serves every rank of a phase)
     store: str | None = field(default=None, metadata={"env": True})
     device: str | None = field(default=None, metadata={"env": True})
@@ -88,6 +91,10 @@ class WorkerSpec:
         self.sources = tenv.url_list(SOURCES, environ) or self.sources
         self.emulated_hosts = tenv.flag(EMULATED_HOSTS, environ) or self.emulated_hosts
         return self
+
+    def fired_file(self, step: int) -> Path | None:
+        """The file the controller creates once the failure due at `step` hit (or had nothing to hit)."""
+        return Path(self.out) / f"fired-{step}" if self.out else None
 
     def rank_env(self, path: Path) -> dict[str, str]:
         """The variables that hand this spec and its placement to a rank process."""

@@ -179,6 +179,12 @@ def main() -> None:
         name = "shm write, a new size after a layout change (pooled file cut)"
         row(name, t_cut, "np.copyto fresh", t_fresh,
             smaller.nbytes, 0.7)  # fmt: skip
+        # ... and a blob larger than every pooled file takes the pages of smaller ones, freed right before
+        local.delete_version("bench", 2)
+        time.sleep(3)
+        t_grow = best(lambda: local.write_blob("bench", 3, "w", a), repeat=1)
+        name = "shm write, a larger size after a layout change (smaller pooled files freed for it)"
+        row(name, t_grow, "np.copyto fresh", t_fresh, n, 0.7)
 
         # ---- 64 concurrent clients x small requests
         small = np.arange(64, dtype=np.float32).reshape(8, 8)

@@ -766,3 +766,33 @@ def test_a_stores_ready_line_is_found_after_half_a_line_left_by_a_killed_one():
     assert announced("Traceback (most rectenplex store listening on http://h:8 (pid 9)") == ("http://h:8", 9)
     assert announced("tenplex store listening on http://h:8\n") == ("http://h:8", None)
     assert announced("some other line\n") is None and announced("tenplex store listening on ") is None
+
+
+def test_a_blob_larger_than_every_pooled_file_takes_the_pages_of_smaller_ones(request):
+    """A layout with fewer, bigger shards: no pooled file is large enough, so the oldest smaller ones are
+    freed right before the new file is made (their pages, already backed, go to it) instead of sitting in
+    the pool while it takes fresh ones; the new blob reads back whole, the still-needed blob is untouched."""
+    job = job_name(request)
+    with start_store(memory_limit="32MiB") as sp:
+        c, net = sp.client(local=True), sp.client(local=False)
+        keep = sample("float32", (1 << 18,), 1)
+        c.write_blob(job, 0, "keep", keep)
+        c.commit(job, 0, None)
+        for i in range(3):
+            c.write_blob(job, 1, f"s{i}", np.full(1 << 18, i, np.float32))  # 1 MiB each
+        c.commit(job, 1, None)
+        old = {blob_path(c, job, 1, f"s{i}") for i in range(3)}
+        c.delete_version(job, 1)
+        assert c.stats()["memory_pooled"] == 3 << 20
+        big = sample("float32", (3 << 18,), 2)  # 3 MiB: larger than every pooled file
+        c.write_blob(job, 2, "big", big)
+        c.commit(job, 2, None)
+        assert c.stats()["memory_pooled"] == 0 and blob_path(c, job, 2, "big") not in old
+        assert not any(os.path.exists(p) for p in old)
+        for reader in (c, net):
+            got, kept = np.empty_like(big), np.empty_like(keep)
+            reader.read_box(job, 2, "big", Box((0,), big.shape), got)
+            reader.read_box(job, 0, "keep", Box((0,), keep.shape), kept)
+            np.testing.assert_array_equal(got, big)
+            np.testing.assert_array_equal(kept, keep)
+        c.delete_job(job)

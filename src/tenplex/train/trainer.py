@@ -98,11 +98,29 @@ class Trainer:
     def _pipeline(self) -> Any:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
+        inputs, outputs = self._stage_shapes()
         stage = PipelineStage(
-            self.model, self.pp_rank, self.layout.pp, self.device, group=self.mesh["pp"].get_group()
-        )
+            self.model, self.pp_rank, self.layout.pp, self.device, inputs, outputs,
+            group=self.mesh["pp"].get_group(),
+        )  # fmt: skip
         kind = Schedule1F1B if self.cfg.schedule == "1f1b" else ScheduleGPipe
         return kind(stage, n_microbatches=self.n_micro, loss_fn=self.loss_fn, scale_grads=False)
+
+    def _stage_shapes(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This stage's micro-batch input and output, as meta tensors: given up front, the stages skip the
+        shape exchange of their first step (0.1-0.4 s of a new layout's first step here). Every
+        micro-batch of a pipeline has one size (`check_batching`), training and evaluation alike; the
+        stages' outputs are plain tensors (the tensor-parallel plan gathers the logits)."""
+        start, stop = split_bounds(self.cfg.global_batch, self.layout.dp, self.dp_rank)
+        mb, seq, hidden = (stop - start) // self.n_micro, self.gpt.seq, self.gpt.hidden
+        dtype = next(self.model.parameters()).dtype
+        first, last = self.pp_rank == 0, self.pp_rank == self.layout.pp - 1
+        if first:
+            x = torch.empty(mb, seq, dtype=torch.long, device="meta")
+        else:  # the gradient of a received activation goes back to the stage before
+            x = torch.empty(mb, seq, hidden, dtype=dtype, device="meta", requires_grad=True)
+        out = (mb, seq, self.gpt.vocab) if last else (mb, seq, hidden)
+        return x, torch.empty(out, dtype=dtype, device="meta", requires_grad=True)
 
     def _batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         ids = np.concatenate(self.sampler.micro_batch_ids(self.layout.dp, self.dp_rank, self.micro_batch))

@@ -76,3 +76,55 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state != "Z"  # a zombie has ended (its parent, init, reaps it)
+
+
+def test_spares_are_forked_from_one_zygote_and_outlive_the_pools_close_while_they_run(tmp_path):
+    """The pool's zygote imports once; every spare is its child (a fork: a refill of four is quick), a
+    rank's exit code comes back through the zygote, and closing the pool stops idle spares but lets a
+    running rank finish."""
+    script = tmp_path / "s.py"
+    script.write_text("import time, sys; time.sleep(float(sys.argv[1])); sys.exit(int(sys.argv[2]))\n")
+    pool = StandbyPool(tmp_path / "standby.log", dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        pool.fill(1)
+        zygote = pool.zygote.proc.pid
+        assert _parent(pool.idle[0].pid) == zygote  # waits for the zygote's imports
+        t = time.monotonic()
+        pool.fill(5)
+        assert all(_parent(p.pid) == zygote for p in pool.idle) and len(pool.idle) == 5
+        assert time.monotonic() - t < 5  # forks, not five interpreters importing torch on two cores
+        quick = pool.start({}, tmp_path / "q.log", [str(script), "0", "7"])
+        assert quick.wait(60) == 7
+        slow = pool.start({}, tmp_path / "s.log", [str(script), "1.5", "0"])
+        idle = list(pool.idle)
+    finally:
+        pool.close()
+    assert all(p.wait(20) == -9 for p in idle)  # killed
+    assert slow.poll() is None and slow.wait(30) == 0  # the zygote waited for it
+
+
+def test_a_dead_zygote_ends_its_spares_and_the_next_start_forks_from_a_new_one(tmp_path):
+    import signal
+
+    pool = StandbyPool(tmp_path / "standby.log", dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        pool.fill(2)
+        spares, old = list(pool.idle), pool.zygote.proc
+        assert all(p.pid > 0 for p in spares)
+        old.send_signal(signal.SIGKILL)
+        old.wait(10)
+        assert all(p.wait(20) == -9 for p in spares)  # they die with it (PR_SET_PDEATHSIG)
+        script = tmp_path / "ok.py"
+        script.write_text("print('ran')\n")
+        role = pool.start({}, tmp_path / "ok.log", [str(script)])
+        assert role.wait(120) == 0 and (tmp_path / "ok.log").read_text().strip() == "ran"
+        assert pool.zygote.proc is not old and pool.zygote.proc.poll() is None
+    finally:
+        pool.close()
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except FileNotFoundError:
+        return -1

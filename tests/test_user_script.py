@@ -41,7 +41,7 @@ def test_a_users_script_survives_scale_out_a_failure_and_scale_in(tmp_path):
     schedule = [
         {"step": 0, "devices": 2},
         {"step": 4, "devices": 3},
-        {"step": 6, "fail": [1]},
+        {"step": 7, "fail": [1]},  # between snapshots (every 2): the recovery replays at least step 7
         {"step": 8, "devices": 1},
     ]
     r = tenplex_run(tmp_path / "elastic", schedule, 12)
@@ -52,8 +52,8 @@ def test_a_users_script_survives_scale_out_a_failure_and_scale_in(tmp_path):
     recs = timeline(tmp_path / "elastic")
     launches = [x for x in recs if x["kind"] == "launch"]
     assert [len(x["devices"]) for x in launches] == [2, 3, 2, 1]  # the failure leaves 2 of 3
-    # the ranks wait at the failure's step until it hit: however fast they train, it lands at step 6
-    assert [x["step"] for x in recs if x["kind"] == "fail"] == [6]
+    # the ranks wait at the failure's step until it hit: however fast they train, it lands at step 7
+    assert [x["step"] for x in recs if x["kind"] == "fail"] == [7]
     loaded = [x for x in recs if x["kind"] == "worker" and x["event"] == "loaded"]
     steps = [x["step"] for x in loaded]  # the recovery resumes from the newest committed snapshot
     assert len(steps) == 3 and steps[0] == 4 and steps[1] in (4, 6) and steps[2] == 8, steps

@@ -60,7 +60,9 @@ class EmulatedHosts:
                 "failed_hosts": sorted(self.failed_hosts),
                 "allocation": self.allocation,
             }
-            self._state_file.write_text(json.dumps(state, indent=1))
+            tmp = self._state_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(state, indent=1))
+            tmp.rename(self._state_file)  # whole: a controller killed mid-write leaves the last one
 
     def restore(self) -> bool:
         """Reload a previous controller's view; stores that still answer are reused."""

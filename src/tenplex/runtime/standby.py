@@ -2,10 +2,11 @@
 process that finished a rank of one layout takes a rank of the next one. On this machine starting a rank
 from nothing (interpreter, torch import, teardown) costs seconds; a reconfiguration should not.
 
-A standby process imports, then reads one JSON line per role on stdin: its rank's environment, where its
-output goes, and what to run. The reference worker runs in the process and, when it ends well, the process
-reports the exit code in the role's status file and waits for the next role. A user's script runs exactly as
-`python SCRIPT ARGS` would and the process ends with it: its modules could carry state into a next role.
+A standby process is forked from its pool's zygote (`zygote`: the imports are done once per pool), then
+reads one JSON line per role on stdin: its rank's environment, where its output goes, and what to run. The
+reference worker runs in the process and, when it ends well, the process reports the exit code in the
+role's status file and waits for the next role. A user's script runs exactly as `python SCRIPT ARGS` would
+and the process ends with it: its modules could carry state into a next role.
 """
 
 from __future__ import annotations
@@ -13,18 +14,19 @@ from __future__ import annotations
 import json
 import os
 import runpy
-import subprocess
 import sys
 import traceback
 from pathlib import Path
 from typing import Any
+
+from .zygote import Forked, Zygote, serve_forks
 
 
 class Role:
     """One rank in a standby process; `poll`, `kill` and `wait` as for a `Popen`. The rank has ended when
     its status file appears (the process lives on) or when the process ends."""
 
-    def __init__(self, proc: subprocess.Popen, status: Path | None) -> None:
+    def __init__(self, proc: Forked, status: Path | None) -> None:
         self.proc, self.status = proc, status
         self.returncode: int | None = None
 
@@ -55,15 +57,15 @@ class StandbyPool:
     def __init__(
         self, log: Path, env: dict[str, str], die_with_parent: bool = False, wrap: list[str] | None = None
     ) -> None:
-        self.log, self.env, self.die_with_parent = log, env, die_with_parent
-        self.wrap = wrap or []  # a command prefix, e.g. `ip netns exec NS` for a namespace host
-        self.idle: list[subprocess.Popen] = []
+        # wrap: a command prefix, e.g. `ip netns exec NS` for a namespace host
+        self.zygote = Zygote(log, env, die_with_parent, wrap or [])
+        self.idle: list[Forked] = []
 
     def fill(self, n: int) -> None:
         """Start processes until `n` are idle (the ones that died while waiting are replaced)."""
         self.idle = [p for p in self.idle if p.poll() is None]
         while len(self.idle) < n:
-            self.idle.append(self._spawn())
+            self.idle.append(self.zygote.fork())
 
     def start(self, env: dict[str, str], out: Path, script: list[str] | None) -> Role:
         """A rank: an idle process if one is left (else a new one), running the worker or `script`."""
@@ -73,18 +75,13 @@ class StandbyPool:
         role = json.dumps({"env": env, "out": str(out), "script": script, "status": str(status or "")})
         self.idle = [p for p in self.idle if p.poll() is None]
         while True:
-            fresh = not self.idle
-            proc = self._spawn() if fresh else self.idle.pop(0)
-            try:
-                assert proc.stdin is not None
-                proc.stdin.write(role + "\n")
-                proc.stdin.flush()
-                if script:
-                    proc.stdin.close()
-                return Role(proc, status)
-            except OSError:  # it died since the check: the next one takes the role
-                if fresh:
-                    raise
+            proc = self.idle.pop(0) if self.idle else self.zygote.fork()
+            if proc.poll() is not None:  # it died since the check (or its zygote did): the next one
+                continue
+            assert proc.stdin is not None
+            proc.stdin.write(role + "\n")  # kept open: a spare not forked yet opens it later
+            proc.stdin.flush()
+            return Role(proc, status)
 
     def release(self, role: Role) -> None:
         """Take back the process of a rank that ended well, for a rank of a later phase."""
@@ -92,25 +89,13 @@ class StandbyPool:
             self.idle.insert(0, role.proc)
 
     def close(self) -> None:
+        """Stop the idle processes; the zygote ends once the ranks it forked have."""
         for p in self.idle:
             p.kill()
         for p in self.idle:
             p.wait()
         self.idle = []
-
-    def _spawn(self) -> subprocess.Popen:
-        with open(self.log, "a") as err:
-            # no preexec_fn: code run between fork and exec can deadlock on a lock another thread held at
-            # the fork (the controller imports torch in a thread); the child asks for the signal itself
-            parent = ["--die-with", str(os.getpid())] if self.die_with_parent else []
-            return subprocess.Popen(
-                [*self.wrap, sys.executable, "-m", "tenplex.runtime.standby", *parent],
-                env=self.env,
-                stdin=subprocess.PIPE,
-                stdout=err,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
+        self.zygote.close()
 
 
 def _become(role: dict[str, Any], previous: set[str]) -> int:
@@ -125,7 +110,11 @@ def _become(role: dict[str, Any], previous: set[str]) -> int:
     os.dup2(fd, 2)
     os.close(fd)
     script = role.get("script")
-    if script:
+    if script:  # its stdin is at its end, as under `python SCRIPT < /dev/null`: no role comes after it
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        sys.stdin = os.fdopen(0, "r", closefd=False)
         sys.argv = list(script)
         sys.path.insert(0, os.path.dirname(os.path.abspath(script[0])))
         runpy.run_path(script[0], run_name="__main__")
@@ -146,33 +135,20 @@ def _become(role: dict[str, Any], previous: set[str]) -> int:
         sys.stderr.flush()
 
 
-def die_with(parent: int) -> None:
-    """Be killed when `parent` ends (Linux PR_SET_PDEATHSIG), asked in this process's own startup; a
-    parent gone before the request took effect is caught by comparing the parent's PID after it."""
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return  # not Linux: the pool's close() still stops idle processes
-    if os.getppid() != parent:
-        os._exit(1)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["--die-with"]:
-        die_with(int(args[1]))
+def preload() -> None:
+    """What a rank would otherwise import while the job waits (each a second or so)."""
     import torch
     import torch.distributed.checkpoint
     import torch.distributed.fsdp
     import torch.distributed.pipelining
-    import torch.distributed.tensor.parallel  # noqa: F401  (each a second or so a rank would wait for)
+    import torch.distributed.tensor.parallel  # noqa: F401
 
     import tenplex.runtime.job
     import tenplex.runtime.reference_rank  # noqa: F401
 
+
+def serve() -> int:
+    """Run the roles that come on stdin, one JSON line each, until one cannot be followed by another."""
     previous: set[str] = set()
     while line := sys.stdin.readline():
         role = json.loads(line)
@@ -184,6 +160,18 @@ def main(argv: list[str] | None = None) -> int:
         tmp.write_text(f"{code}\n")
         tmp.rename(role["status"])  # atomically: the controller never reads half of it
     return 0  # the controller let it go
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The zygote of a pool (`Zygote` starts it): import once, then fork spares that `serve` roles."""
+    from .zygote import die_with
+
+    args = sys.argv[1:] if argv is None else argv
+    fifos, rest = Path(args[0]), args[1:]
+    if rest[:1] == ["--die-with"]:
+        die_with(int(rest[1]))
+    preload()
+    return serve_forks(fifos, serve)
 
 
 if __name__ == "__main__":

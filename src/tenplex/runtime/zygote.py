@@ -1,0 +1,256 @@
+"""One process per pool imports torch and tenplex, then forks the pool's spare rank processes from itself.
+
+Why: a spare started from nothing costs an interpreter and a torch import, about 2 s of CPU each. On this
+machine's 2 cores the four spares a scale-out refills ran beside the new layout's first step and made it
+1.3 s instead of 0.4 s. A fork of a process that has imported everything costs milliseconds, and the
+imported modules' pages are shared copy-on-write. The zygote runs no torch op and starts no thread, so a
+fork copies no half-held lock.
+
+A spare is driven as a `Popen` is (`poll`, `wait`, `kill`, `stdin`), but it is the zygote's child, not the
+controller's: the zygote reaps it and writes its exit code to a file. Roles reach it through a FIFO the
+controller holds open for reading and writing, so nothing blocks while the zygote is still importing: the
+spare reads its role once it exists. Spares die with the zygote (PR_SET_PDEATHSIG), the zygote with the
+controller; a zygote told to end (its stdin closed) first waits for the ranks it forked. The zygote
+itself is `python -m tenplex.runtime.standby` (its imports, and what a spare runs, are the standby pool's).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from itertools import count
+from pathlib import Path
+from typing import IO
+
+
+class Forked:
+    """A spare forked by a `Zygote`; its pid is known once the zygote answered (`Zygote.resolve`)."""
+
+    def __init__(self, zygote: Zygote, fifo: Path, exit_path: Path) -> None:
+        self.zygote, self.exit_path = zygote, exit_path
+        self._pid: int | None = None
+        self.returncode: int | None = None
+        fd = os.open(fifo, os.O_RDWR)  # never blocks on a FIFO (Linux); the spare opens it to read
+        self.stdin: IO[str] = os.fdopen(fd, "w")
+
+    @property
+    def pid(self) -> int:
+        while self._pid is None and self.returncode is None:
+            self.zygote.resolve(block=True)
+        return self._pid if self._pid is not None else -1
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            if self._pid is None:
+                self.zygote.resolve(block=False)
+            if self._pid is not None:
+                self.returncode = _exit_code(self.exit_path, self._pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"spare {self._pid}", timeout or 0)
+            time.sleep(0.01)
+        return self.returncode  # type: ignore[return-value]
+
+    def kill(self) -> None:
+        if self.poll() is None and self.pid > 0:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def ended(self, code: int) -> None:
+        """The zygote is gone before it forked this spare (or said which pid it has)."""
+        self.returncode = code
+
+
+def _exit_code(path: Path, pid: int) -> int | None:
+    """The code the zygote wrote (the file is read once, then removed); a spare gone without one (its
+    zygote died first) was killed."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        state = "gone"
+    if not path.exists() and state not in ("Z", "gone"):
+        return None
+    if not path.exists():  # ended: reaped by the zygote (the file comes next) or by init
+        time.sleep(0.05)
+    try:
+        code = int(path.read_text().strip() or 1)
+    except FileNotFoundError:
+        return -signal.SIGKILL
+    path.unlink(missing_ok=True)
+    return code
+
+
+class Zygote:
+    """The forking process of one pool, started on the first `fork`."""
+
+    def __init__(self, log: Path, env: dict[str, str], die_with_parent: bool, wrap: list[str]) -> None:
+        self.log, self.env, self.die_with_parent, self.wrap = log, env, die_with_parent, wrap
+        self.proc: subprocess.Popen | None = None
+        self.dir = log.parent / f"{log.stem}.fifos"  # the zygote removes it when it ends
+        shutil.rmtree(self.dir, ignore_errors=True)  # a killed run's
+        self.dir.mkdir(parents=True)
+        self._ids = count()
+        self._waiting: list[Forked] = []  # forks asked for, in order, whose pid has not come back yet
+        self._buf = b""
+
+    def fork(self) -> Forked:
+        if self.proc is None or self.proc.poll() is not None:
+            for spare in self._waiting:  # asked of a zygote that died: never forked
+                spare.ended(-signal.SIGKILL)
+            self._waiting, self._buf = [], b""
+            self._start()
+        n = next(self._ids)
+        fifo, exit_path = self.dir / f"spare{n}", self.dir / f"spare{n}.exit"
+        os.mkfifo(fifo, 0o600)
+        spare = Forked(self, fifo, exit_path)
+        assert self.proc is not None and self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps({"fifo": str(fifo), "exit": str(exit_path)}).encode() + b"\n")
+            self.proc.stdin.flush()
+        except OSError:  # the zygote died: the pool's next fill starts another
+            spare.ended(-signal.SIGKILL)
+            return spare
+        self._waiting.append(spare)
+        return spare
+
+    def resolve(self, block: bool) -> None:
+        """Take the pids the zygote has answered (with `block`, wait for at least one). Read unbuffered:
+        a buffered reader would keep a pid that came with the one before where `select` cannot see it."""
+        if self.proc is None or self.proc.stdout is None:
+            return
+        fd = self.proc.stdout.fileno()
+        while self._waiting:
+            if b"\n" in self._buf:
+                line, self._buf = self._buf.split(b"\n", 1)
+                self._waiting.pop(0)._pid = int(line)
+                block = False
+                continue
+            if not (block or select.select([fd], [], [], 0)[0]):
+                return
+            data = os.read(fd, 4096)
+            if not data:  # the zygote ended: what it did not fork never will be
+                for spare in self._waiting:
+                    spare.ended(-signal.SIGKILL)
+                self._waiting = []
+                return
+            self._buf += data
+
+    def close(self) -> None:
+        """Let the zygote end once the ranks it forked have (their stores and teardown go on)."""
+        if self.proc is not None and self.proc.stdin is not None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+
+    def _start(self) -> None:
+        with open(self.log, "a") as err:
+            parent = ["--die-with", str(os.getpid())] if self.die_with_parent else []
+            self.proc = subprocess.Popen(
+                [*self.wrap, sys.executable, "-m", "tenplex.runtime.standby", str(self.dir), *parent],
+                env=self.env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+            )
+
+
+# -- the zygote process --------------------------------------------------------------------------------------
+_exits: dict[int, str] = {}
+
+
+def _reap(*_: object, block: bool = False) -> None:
+    """Write the exit code of each spare that ended (with `block`: wait for them all)."""
+    while _exits:
+        try:
+            pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        path = _exits.pop(pid, None)
+        if path is not None:
+            try:
+                with open(path + ".tmp", "w") as f:
+                    f.write(f"{os.waitstatus_to_exitcode(status)}\n")
+                os.rename(path + ".tmp", path)  # whole or not at all
+            except OSError:  # the run's directory is gone: nobody is left to ask
+                pass
+
+
+def _child(request: dict[str, str], zygote: int, run: Callable[[], int]) -> None:
+    """In the fork: read roles from the request's FIFO and `run` them; never returns."""
+    code = 1
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a script's own subprocesses are its to wait for
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+        die_with(zygote)
+        fd = os.open(request["fifo"], os.O_RDONLY)
+        os.unlink(request["fifo"])  # both ends are open: the name is not needed any more
+        os.dup2(fd, 0)  # roles come from here, not from the zygote's requests
+        os.close(fd)
+        os.dup2(2, 1)  # the zygote's stdout carries pids: this process writes to the log until a role
+        sys.stdin = os.fdopen(0, "r")
+        code = run()
+    except SystemExit as e:  # a script's sys.exit, as the interpreter would end with it
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if e.code is not None and not isinstance(e.code, int):
+            print(e.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def serve_forks(fifos: Path, run: Callable[[], int]) -> int:
+    """The zygote's loop, after its imports: one fork per request line on stdin (its pid back on stdout),
+    each child running `run`; at the end of stdin, wait for the children, then end."""
+    signal.signal(signal.SIGCHLD, _reap)
+    me = os.getpid()
+    requests = sys.stdin.buffer
+    while line := requests.readline():
+        request = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # no reap before the pid is known
+        pid = os.fork()
+        if pid == 0:
+            _child(request, me, run)
+        _exits[pid] = request["exit"]
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+        os.write(1, f"{pid}\n".encode())
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    _reap(block=True)  # told to end: once the ranks it forked have
+    for p in fifos.glob("spare*[0-9]"):  # those of spares that never opened theirs
+        p.unlink(missing_ok=True)
+    return 0
+
+
+def die_with(parent: int) -> None:
+    """Be killed when `parent` ends (Linux PR_SET_PDEATHSIG), asked in this process's own startup; a
+    parent gone before the request took effect is caught by comparing the parent's PID after it."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return  # not Linux: the pool's close() still stops idle processes
+    if os.getppid() != parent:
+        os._exit(1)

@@ -80,7 +80,7 @@ def _exit_code(path: Path, pid: int) -> int | None:
     zygote died first) was killed."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
+    except OSError:  # gone (ENOENT), or ended between the open and the read (ESRCH)
         state = "gone"
     if not path.exists() and state not in ("Z", "gone"):
         return None

@@ -254,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
         print(m.to_json(), flush=True)
 
     run_worker(cfg, on_step=show)
+    # every rank past its last send first: a gloo send still in flight when a peer tears its group down
+    # aborts the process ("terminate called without an active exception", once in CI with pp=2)
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 

@@ -76,19 +76,17 @@ class Forked:
 
 
 def _exit_code(path: Path, pid: int) -> int | None:
-    """The code the zygote wrote (the file is read once, then removed); a spare gone without one (its
-    zygote died first) was killed."""
+    """The code the zygote wrote before it reaped the spare (the file is read once, then removed); a spare
+    gone without one was reaped by init after its zygote died: killed."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:  # gone (ENOENT), or ended between the open and the read (ESRCH)
         state = "gone"
-    if not path.exists() and state not in ("Z", "gone"):
+    if not path.exists() and state != "gone":  # running, or a zombie whose code is being written
         return None
-    if not path.exists():  # ended: reaped by the zygote (the file comes next) or by init
-        time.sleep(0.05)
     try:
         code = int(path.read_text().strip() or 1)
-    except FileNotFoundError:
+    except FileNotFoundError:  # reaped without one: by init, after its zygote died
         return -signal.SIGKILL
     path.unlink(missing_ok=True)
     return code
@@ -174,22 +172,26 @@ _exits: dict[int, str] = {}
 
 
 def _reap(*_: object, block: bool = False) -> None:
-    """Write the exit code of each spare that ended (with `block`: wait for them all)."""
+    """Write the exit code of each spare that ended, then reap it (with `block`: wait for them all). The
+    file comes first, so a spare the controller sees gone always has its code (a zombie is still there)."""
     while _exits:
         try:
-            pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT | (0 if block else os.WNOHANG))
         except ChildProcessError:
             return
-        if pid == 0:
+        if info is None:
             return
+        pid = info.si_pid
+        code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
         path = _exits.pop(pid, None)
         if path is not None:
             try:
                 with open(path + ".tmp", "w") as f:
-                    f.write(f"{os.waitstatus_to_exitcode(status)}\n")
+                    f.write(f"{code}\n")
                 os.rename(path + ".tmp", path)  # whole or not at all
             except OSError:  # the run's directory is gone: nobody is left to ask
                 pass
+        os.waitpid(pid, 0)
 
 
 def _child(request: dict[str, str], zygote: int, run: Callable[[], int]) -> None:

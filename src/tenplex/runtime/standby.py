@@ -19,7 +19,12 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from .zygote import Forked, Zygote, serve_forks
+from ..ptc import TenplexError
+from .zygote import Forked, Zygote, die_with, serve_forks
+
+
+class StandbyError(TenplexError):
+    """Rank processes cannot be started (the pool's zygote dies at once)."""
 
 
 class Role:
@@ -75,8 +80,11 @@ class StandbyPool:
         role = json.dumps({"env": env, "out": str(out), "script": script, "status": str(status or "")})
         self.idle = [p for p in self.idle if p.poll() is None]
         while True:
-            proc = self.idle.pop(0) if self.idle else self.zygote.fork()
+            fresh = not self.idle
+            proc = self.zygote.fork() if fresh else self.idle.pop(0)
             if proc.poll() is not None:  # it died since the check (or its zygote did): the next one
+                if fresh:  # not one that waited: a zygote that cannot start (its log says why)
+                    raise StandbyError(f"no rank process could be started: see {self.zygote.log}")
                 continue
             assert proc.stdin is not None
             proc.stdin.write(role + "\n")  # kept open: a spare not forked yet opens it later
@@ -164,8 +172,6 @@ def serve() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """The zygote of a pool (`Zygote` starts it): import once, then fork spares that `serve` roles."""
-    from .zygote import die_with
-
     args = sys.argv[1:] if argv is None else argv
     fifos, rest = Path(args[0]), args[1:]
     if rest[:1] == ["--die-with"]:

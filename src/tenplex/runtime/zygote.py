@@ -157,6 +157,8 @@ class Zygote:
 
     def _start(self) -> None:
         with open(self.log, "a") as err:
+            # no preexec_fn: code run between fork and exec can deadlock on a lock another thread held at
+            # the fork (the controller imports torch in a thread); the zygote asks for the signal itself
             parent = ["--die-with", str(os.getpid())] if self.die_with_parent else []
             self.proc = subprocess.Popen(
                 [*self.wrap, sys.executable, "-m", "tenplex.runtime.standby", str(self.dir), *parent],

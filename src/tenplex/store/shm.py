@@ -142,18 +142,12 @@ class Arena:
         size; else a new file on the pages of the oldest smaller ones, freed for it. Its content is
         undefined (like np.empty)."""
         with self._lock:
-            free = self._free.get(nbytes, [])
-            if free:
-                _, path, mem = free.pop(0)
-                del self._order[path]
-                self.pooled -= pages(nbytes)
-                return path, mem
+            if self._free.get(nbytes):
+                return self._unpool(nbytes)
             covered = self.reserve.left >= round_up(nbytes)
             larger = None if covered else self._smallest_above(nbytes)
             if larger is not None:
-                _, path, mem = self._free[larger].pop(0)
-                del self._order[path]
-                self.pooled -= pages(larger)
+                path, mem = self._unpool(larger)
             else:
                 path = os.path.join(self.dir, f"b{next(self._ids):08d}")
                 smaller = [] if covered else self._take_oldest(round_up(nbytes) - self.reserve.left)
@@ -198,14 +192,17 @@ class Arena:
         0.1-0.2 GB/s). Nobody maps a pooled file for reading and its name is never handed out again."""
         taken: list[tuple[str, mmap.mmap | bytearray]] = []
         while self._order and nbytes > 0:
-            path, n = next(iter(self._order.items()))
-            _, first, mem = self._free[n].pop(0)
-            assert first == path
-            del self._order[path]
-            self.pooled -= pages(n)
+            n = next(iter(self._order.values()))  # the oldest file overall is the oldest of its size
+            taken.append(self._unpool(n))
             nbytes -= pages(n)
-            taken.append((path, mem))
         return taken
+
+    def _unpool(self, nbytes: int) -> tuple[str, mmap.mmap | bytearray]:
+        """The oldest pooled file of `nbytes`, out of the pool (the caller holds the lock)."""
+        _, path, mem = self._free[nbytes].pop(0)
+        del self._order[path]
+        self.pooled -= pages(nbytes)
+        return path, mem
 
     def _cut(self, path: str, mem: mmap.mmap | bytearray, nbytes: int) -> mmap.mmap | bytearray:
         """A pooled file truncated to `nbytes` (its tail freed), mapped afresh. Nobody maps a pooled file
@@ -269,10 +266,7 @@ class Arena:
                 assert first == path
                 if not (now - t > self.TTL or (keep is not None and self.pooled > keep)):
                     break
-                _, _, mem = self._free[n].pop(0)
-                del self._order[path]
-                self.pooled -= pages(n)
-                doomed.append((path, mem))
+                doomed.append(self._unpool(n))
         for p, mem in doomed:
             self._retire(p, mem)
 

@@ -175,25 +175,34 @@ _exits: dict[int, str] = {}
 
 def _reap(*_: object, block: bool = False) -> None:
     """Write the exit code of each spare that ended, then reap it (with `block`: wait for them all). The
-    file comes first, so a spare the controller sees gone always has its code (a zombie is still there)."""
-    while _exits:
-        try:
-            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT | (0 if block else os.WNOHANG))
-        except ChildProcessError:
-            return
-        if info is None:
-            return
-        pid = info.si_pid
-        code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
-        path = _exits.pop(pid, None)
-        if path is not None:
+    file comes first, so a spare the controller sees gone always has its code (a zombie is still there).
+    SIGCHLD is held off meanwhile: a nested call would reap a spare under this one (the zygote then died
+    on ECHILD, and its ranks with it) or before its file is written."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    try:
+        while _exits:
             try:
-                with open(path + ".tmp", "w") as f:
-                    f.write(f"{code}\n")
-                os.rename(path + ".tmp", path)  # whole or not at all
-            except OSError:  # the run's directory is gone: nobody is left to ask
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT | (0 if block else os.WNOHANG))
+            except ChildProcessError:
+                return
+            if info is None:
+                return
+            pid = info.si_pid
+            code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+            path = _exits.pop(pid, None)
+            if path is not None:
+                try:
+                    with open(path + ".tmp", "w") as f:
+                        f.write(f"{code}\n")
+                    os.rename(path + ".tmp", path)  # whole or not at all
+                except OSError:  # the run's directory is gone: nobody is left to ask
+                    pass
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
                 pass
-        os.waitpid(pid, 0)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def _child(request: dict[str, str], zygote: int, run: Callable[[], int]) -> None:

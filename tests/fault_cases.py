@@ -98,12 +98,30 @@ def check_nothing_left(run_dir: Path, timeout: float = 15) -> None:
 
 
 def check_no_process_left(run_dir: Path, timeout: float = 15) -> None:
+    """Waits up to `timeout` for the run's stores to have exited, not merely stopped answering: a stopping
+    store closes its sockets before it removes its shared memory."""
     stores = stores_of(run_dir)
+    pids = [pid for _, pid in stores if pid]
     deadline = time.time() + timeout
-    while time.time() < deadline and (any(health(u) for u, _ in stores) or _processes_of(run_dir)):
+
+    def left() -> bool:
+        return any(health(u) for u, _ in stores) or any(map(_alive, pids)) or bool(_processes_of(run_dir))
+
+    while time.time() < deadline and left():
         time.sleep(0.2)
     assert not [u for u, _ in stores if health(u)], "stores of the run still answer"
+    assert not [p for p in pids if _alive(p)], "stores of the run still running"
     assert not _processes_of(run_dir), "processes of the run left behind"
+
+
+def _alive(pid: int) -> bool:
+    """Whether the store `pid` runs: a zombie has exited, and a PID taken since by another process (PIDs
+    wrap at 32768 here) is no store."""
+    try:
+        running = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        return running and b"tenplex.store" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, IndexError):
+        return False
 
 
 def stop_stores(root: Path) -> list[int]:

@@ -439,3 +439,26 @@ def test_a_reconfiguration_itself_changes_nothing_bit_for_bit(tmp_path):
     finally:
         for c in runs.values():
             c.hosts.shutdown()
+
+
+def test_a_rerun_catches_up_on_the_records_a_killed_controller_never_read(tmp_path):
+    """The killed controller read phase 1 up to step 7; its ranks trained to 9 and saved. The rerun's
+    timeline gets steps 8 and 9 (once: a second catch-up adds nothing), so the summary counts them."""
+    from tenplex.runtime.monitor import catch_up, into_timeline
+    from tenplex.runtime.records import Records, read_records
+    from tenplex.runtime.report import losses, timeline
+
+    for index, steps in ((0, range(1, 7)), (1, range(7, 10))):
+        ranks = Records(tmp_path / f"phase{index}" / "worker.jsonl")
+        for s in steps:
+            ranks.write("step", step=s, loss=10.0 - s)
+        ranks.write("saved", step=steps[-1])
+        ranks.close()
+    tl = Records(tmp_path / "timeline.jsonl")
+    for index, read in ((0, 7), (1, 1)):  # all of phase 0; phase 1's first step
+        for r in read_records(tmp_path / f"phase{index}" / "worker.jsonl")[0][:read]:
+            into_timeline(tl, index, r)
+    assert catch_up(tl, tmp_path, 2) == 3  # steps 8, 9 and the final save of phase 1
+    assert catch_up(tl, tmp_path, 2) == 0
+    tl.close()
+    assert losses(timeline(tmp_path)) == {s: 10.0 - s for s in range(1, 10)}

@@ -25,7 +25,7 @@ from .downtime import reconfiguration
 from .hosts import EmulatedHosts, host_of
 from .launcher import Launcher
 from .live import LiveView
-from .monitor import Monitor
+from .monitor import Monitor, catch_up
 from .phase import Phase
 from .placement import MatchSkipped, match
 from .records import Records
@@ -117,7 +117,8 @@ class Controller:
         ]
         by_time = [e for e in rest if e.time is not None]
         if resumed:
-            self.timeline.write("resume", step=step, stores=self.hosts.stores)
+            caught_up = catch_up(self.timeline, cfg.run_dir, self._next_phase())
+            self.timeline.write("resume", step=step, stores=self.hosts.stores, caught_up=caught_up)
             self.live.note(f"resuming job {cfg.job} from its committed step {step}")
         else:
             self.timeline.write(

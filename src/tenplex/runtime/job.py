@@ -157,8 +157,6 @@ class ElasticJob:
     def running(self, step: int) -> bool:
         """Whether to train step `step + 1`: all ranks get the same answer (one all-reduce)."""
         self.ready(step)
-        if self.spec and step in self.spec.failures:
-            _await_failure(self.spec.fired_file(step), step)
         return step < self.until and not _stop_requested(self.stop_file)
 
     def step_done(self, step: int, state: State, *, loss: float, **metrics: Any) -> None:
@@ -168,6 +166,8 @@ class ElasticJob:
         metrics.setdefault("step_time", now - self._last)
         self._last = now
         self.record("step", step=step, loss=float(loss), **metrics)
+        if self.spec and step in self.spec.failures:  # before this step's snapshot: it cannot commit then,
+            _await_failure(self.spec.fired_file(step), step)  # so every run replays the same steps
         if self.every and step % self.every == 0 and step < self.until:
             self._wait_pending()
             t = time.perf_counter()

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 
 from ..util import logs
 from .hosts import EmulatedHosts, host_of
@@ -86,13 +88,7 @@ class Monitor:
         new, phase.offset = read_records(phase.dir / "worker.jsonl", phase.offset)
         for r in new:
             phase.add(r)
-            self.timeline.write(
-                "worker",
-                phase=phase.index,
-                event=r["kind"],
-                at=r["time"],
-                **{k: v for k, v in r.items() if k not in ("time", "kind")},
-            )
+            into_timeline(self.timeline, phase.index, r)
             self.live.record(r, phase.label)
             self.on_record(phase, r)
 
@@ -190,3 +186,26 @@ class Monitor:
                 p.kill()
                 p.wait()
         self.exiting = [(p, since) for p, since in self.exiting if p.poll() is None]
+
+
+def catch_up(timeline: Records, run_dir: Path, phases: int) -> int:
+    """What the ranks of a killed controller's phases recorded after it stopped reading (the steps and
+    the final save of a phase that ended as it was killed): into the timeline, before any record of this
+    run's own, so the summary counts every step trained. The timeline holds each phase's records in file
+    order, so those past its count are the missing ones. Returns how many were added."""
+    seen = Counter(r["phase"] for r in read_records(run_dir / "timeline.jsonl")[0] if r["kind"] == "worker")
+    added = 0
+    for index in range(phases):
+        recs, _ = read_records(run_dir / f"phase{index}" / "worker.jsonl")
+        for r in recs[seen[index] :]:
+            into_timeline(timeline, index, r)
+            added += 1
+    return added
+
+
+def into_timeline(timeline: Records, index: int, r: dict) -> None:
+    """A rank's record `r` of phase `index`, as the timeline keeps it."""
+    timeline.write(
+        "worker", phase=index, event=r["kind"], at=r["time"],
+        **{k: v for k, v in r.items() if k not in ("time", "kind")},
+    )  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -128,3 +129,24 @@ def _parent(pid: int) -> int:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     except FileNotFoundError:
         return -1
+
+
+def test_a_reused_rank_process_trains_a_layout_again_on_its_new_groups(tmp_path):
+    """dp2, tp2-pp2, dp2, tp2-pp2: processes of the first tp2-pp2 phase serve the second one (as any rank
+    of it). DTensor caches shardings by mesh, and the new mesh equals the old: without `forget_meshes`
+    their first step ran on the old mesh, whose groups were destroyed ("Could not resolve the process
+    group"), and the phase crashed."""
+    from fault_cases import cli, finish, records, run_job
+
+    dp, tp_pp = (
+        {"devices": 2, "layout": {"dp": 2, "tp": 1, "pp": 1}},
+        {"devices": 4, "layout": {"dp": 1, "tp": 2, "pp": 2}},
+    )
+    schedule = [{"step": 0, **dp}, {"step": 3, **tp_pp}, {"step": 6, **dp}, {"step": 9, **tp_pp}]
+    run_dir = tmp_path / "again"
+    finish(cli(*run_job(run_dir, schedule)))
+    recs = records(run_dir)
+    pids = {r["phase"]: set(r["pids"]) for r in recs if r.get("event") == "ready"}
+    assert pids[1] & pids[3], pids  # the case at all: a process ran in both tp2-pp2 phases
+    assert not [r for r in recs if r["kind"] == "crash"], [r for r in recs if r["kind"] == "crash"]
+    assert json.loads((run_dir / "summary.json").read_text())["ledger"]["ok"]

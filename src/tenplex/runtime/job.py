@@ -133,11 +133,12 @@ class ElasticJob:
         if the script did not. `layout`: what this script runs, as the run's views should name it (e.g.
         "fsdp3"). The record carries where the restart's time went: `init_at` (the last rank's job object
         made: a rank whose process started late delays them all), `process_group_seconds` (from then to
-        the group formed), `load_seconds`, and `build_seconds` (the rest: building the model and
-        optimizer)."""
+        the group formed), `load_seconds`, `build_seconds` (the rest: building the model and optimizer),
+        and `pids`, each rank's process."""
         if not self._ready:
             self._ready = True
-            last = _max_over_ranks(self._init_at)
+            every = _from_every_rank(self._init_at, os.getpid())
+            last = max(init for init, _ in every)
             group = max(0.0, self._init_at + self._group_seconds - last)
             self.label = layout or self.label
             self.record(
@@ -149,6 +150,7 @@ class ElasticJob:
                 build_seconds=time.time() - last - group - self._load_seconds,
                 layout=self.label,
                 pid=os.getpid(),
+                pids=[int(pid) for _, pid in every],  # each rank's process (a spare may serve many phases)
                 world=self.world,
                 **fields,
             )
@@ -247,10 +249,12 @@ def _sum_over_ranks(values: dict[str, float]) -> dict[str, float]:
     return dict(zip(keys, t.tolist()))
 
 
-def _max_over_ranks(value: float) -> float:
-    t = _on_backend(torch.tensor([value], dtype=torch.float64))
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
+def _from_every_rank(*values: float) -> list[list[float]]:
+    """`values` of every rank, in rank order (float64: exact for times and PIDs)."""
+    mine = _on_backend(torch.tensor(values, dtype=torch.float64))
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return [t.tolist() for t in every]
 
 
 FAILURE_WAIT_S = 120.0  # a controller that never fires the failure it announced: the rank ends with an error

@@ -127,10 +127,12 @@ def _become(role: dict[str, Any], previous: set[str]) -> int:
         sys.path.insert(0, os.path.dirname(os.path.abspath(script[0])))
         runpy.run_path(script[0], run_name="__main__")
         return 0
+    from ..train.parallel import forget_meshes
     from ..transformer.save import forget_groups
     from .reference_rank import main as worker
 
-    forget_groups()  # the last role's process groups are gone
+    forget_groups()  # the last role's process groups are gone, and with them its meshes
+    forget_meshes()
     try:
         return worker([])
     except SystemExit as e:

@@ -85,6 +85,24 @@ def build_model(
     return model
 
 
+def forget_meshes() -> None:
+    """Empty DTensor's caches before a process trains in a new process group. They are keyed on meshes,
+    and a mesh equals any later one of the same ranks, shape and names, whatever its groups: a process
+    that trained a layout, saw its groups destroyed and trains the same layout again would get outputs on
+    the old mesh, whose groups are gone (a crash: "Could not resolve the process group") or, were the
+    names handed out again, belong to another world. Costs the next first step its cache misses."""
+    from torch.distributed.tensor._collective_utils import MeshTopoInfo
+    from torch.distributed.tensor._redistribute import _gen_transform_infos, clear_redistribute_planner_cache
+
+    torch._C._clear_DTensor_sharding_propagator_cache()  # the C++ dispatch fast path's
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    propagator.propagate_op_sharding.cache_clear()
+    type(propagator)._propagate_tensor_meta_cached.cache_clear()
+    _gen_transform_infos.cache_clear()
+    clear_redistribute_planner_cache()
+    MeshTopoInfo.build_from_mesh.cache_clear()
+
+
 def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 

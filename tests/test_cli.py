@@ -93,3 +93,31 @@ def test_inspect_shows_a_snapshot_and_rejects_unknown_jobs():
         assert d["pieces"][0]["holders"] == [f"r0@{sp.url}"]
         r = tenplex("inspect", "--job", "nope", "--store", sp.url)
         assert r.returncode == 2 and "job 'nope' has no committed version" in r.stderr
+
+
+def test_sigusr1_prints_every_threads_stack_and_the_command_goes_on(tmp_path):
+    """What a command that seems stuck waits for: `kill -USR1` (here on a foreground store daemon)."""
+    import os
+    import signal
+    import time
+
+    from launch import SRC
+
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    err = tmp_path / "err"
+    with open(err, "w") as e:
+        cmd = [sys.executable, "-m", "tenplex.cli.main", "store", "--port", "0", "--memory-limit", "64MiB"]
+        p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=e, text=True)
+    try:
+        assert "listening on" in p.stdout.readline()
+        p.send_signal(signal.SIGUSR1)
+        deadline = time.time() + 10
+        while "in <module>" not in err.read_text() and time.time() < deadline:  # the main thread's last
+            time.sleep(0.1)
+        stacks = err.read_text()
+        assert "Current thread" in stacks and "_accept_loop" in stacks, stacks[-2000:]
+        assert p.poll() is None  # still serving
+    finally:
+        p.terminate()
+        p.wait(20)
+    assert p.returncode == 0

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from subprocess import DEVNULL
 
@@ -119,11 +121,22 @@ NETNS_SCHEDULE = [
 
 
 def tenplex_cli(*args: str, timeout: float = 420) -> str:
+    """`tenplex ARGS`; one that runs past `timeout` fails with every thread's stack (SIGUSR1), and its
+    namespaces and their processes are removed: a hung run must not leave its network behind."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, "-m", "tenplex.cli.main", *args], env=env, capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    return done.stdout
+    p = subprocess.Popen([sys.executable, "-m", "tenplex.cli.main", *args], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        p.kill()
+        out, err = p.communicate()
+        netns.cleanup(netns.prefix_for(str(Path(args[args.index("--run-dir") + 1]).resolve())))
+        pytest.fail(f"tenplex {' '.join(args)} ran past {timeout} s; its stacks:\n{err[-8000:]}")
+    assert p.returncode == 0, (out + err)[-4000:]
+    return out
 
 
 def test_tenplex_run_on_namespace_hosts_scales_redeploys_survives_a_host_and_a_partition(tmp_path):

@@ -6,6 +6,8 @@ Every command reports bad input as one line on stderr and exit code 2, never a t
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import signal
 import sys
 from importlib import import_module
 
@@ -31,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # `kill -USR1 PID` prints every thread's stack to stderr and the command goes on: what a run that
+    # seems stuck is waiting for
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         return int(args.func(args) or 0)
     except TenplexError as e:

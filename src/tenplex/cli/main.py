@@ -35,7 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # `kill -USR1 PID` prints every thread's stack to stderr and the command goes on: what a run that
     # seems stuck is waiting for
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    try:
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    except (AttributeError, OSError, ValueError):  # stderr is no file: main() called in-process
+        pass
     try:
         return int(args.func(args) or 0)
     except TenplexError as e:

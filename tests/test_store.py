@@ -473,7 +473,10 @@ def test_held_relayed_boxes_are_verified_and_outlive_a_dropped_relay(request):
             pc.write_blob(job, 1, "w", data[peer.url])
             pc.commit(job, 1, None)
         hc = here.client(local=True)
-        boxes = [Box((0, 0), (4, 2)), Box((100, 1), (1 << 18, 2)), Box((7, 0), (9, 1))]
+        # contiguous from a chunk boundary (its checksums verified on arrival are the relay copy's own),
+        # contiguous from inside a chunk and strided (the copy's checksums computed afresh)
+        boxes = [Box((0, 0), (4, 2)), Box((0, 0), ((1 << 17) + 5, 2)), Box((100, 0), (1 << 18, 2)),
+                 Box((100, 1), (1 << 18, 2)), Box((7, 0), (9, 1))]  # fmt: skip
         asked = [(hc, p.url, "w", b, "float32") for b in boxes for p in (one, two)]  # peers interleaved
         made = hold_relayed_many(asked, job, 1, concurrency=2)
         assert sorted(i for _, which in made for i in which) == list(range(len(asked)))
@@ -504,6 +507,34 @@ def test_held_relayed_boxes_are_verified_and_outlive_a_dropped_relay(request):
             hc.hold_relayed(two.url, job, 1, [("w", whole, "int32")])
         with pytest.raises(BadRequestError, match="not on this host"):
             here.client(local=False).hold_relayed(two.url, job, 1, [("w", whole, "float32")])
+
+
+def test_a_relay_from_a_store_whose_copy_is_corrupted_raises_and_keeps_nothing(request):
+    """The sending store does not hash the whole chunks it sends (the receiver checks them against the
+    saved checksums): a byte flipped in the sender's memory is still refused on arrival, the relay cache
+    keeps nothing of the failed fetch, and a box of an intact chunk still relays."""
+    job = job_name(request)
+    with start_store(memory_limit="64MiB") as remote, start_store(memory_limit="64MiB") as here:
+        rc = remote.client(local=True)
+        a = sample("uint8", (3 << 20,), 8)
+        rc.write_blob(job, 1, "w", a)
+        rc.commit(job, 1, None)
+        with open(blob_path(rc, job, 1, "w"), "r+b") as f:  # a byte in the middle chunk: a whole chunk
+            f.seek((1 << 20) + 77)
+            byte = f.read(1)
+            f.seek((1 << 20) + 77)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        hc = here.client(local=True)
+        for box in (None, Box((5,), ((2 << 20) + 9,))):  # the whole blob; one covering the chunk
+            with pytest.raises(ChecksumError, match="corrupted"):
+                hc.fetch_remote(
+                    remote.url, job, 1, "w", box, np.empty(box.shape if box else a.shape, np.uint8)
+                )
+        assert hc.stats()["relay_blobs"] == 0
+        part = np.empty(1000, np.uint8)
+        hc.fetch_remote(remote.url, job, 1, "w", Box((10,), (1010,)), part)
+        np.testing.assert_array_equal(part, a[10:1010])
+        assert hc.stats()["relay_blobs"] == 1
 
 
 def test_relay_fetches_remote_bytes_once(request):

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..ptc import TenplexError
+from ..util.collector import freeze_imports
 from .zygote import Forked, Zygote, die_with, serve_forks
 
 
@@ -179,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     if rest[:1] == ["--die-with"]:
         die_with(int(rest[1]))
     preload()
+    freeze_imports()
     return serve_forks(fifos, serve)
 
 

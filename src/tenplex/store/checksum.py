@@ -51,6 +51,23 @@ def verify_span(
         verify_chunk(data, digests, c, what, chunk)
 
 
+def verify_edges(
+    data: memoryview, digests: list[int], lo: int, hi: int, what: str, chunk: int = CHUNK
+) -> None:
+    """Raise ChecksumError when a chunk that `[lo, hi)` covers only in part does not match its checksum.
+
+    Why only those: a network read sends the stored checksums of the whole chunks it covers, and the
+    receiver checks the bytes against them, so corruption there is caught on arrival without a pass over
+    the bytes here; the partial chunks at either end travel with fresh checksums (`span_digests`), which
+    must be computed over verified bytes."""
+    if hi <= lo:
+        return
+    for c in sorted({lo // chunk, (hi - 1) // chunk}):
+        s, e = c * chunk, min((c + 1) * chunk, len(data))
+        if lo > s or hi < e:
+            verify_chunk(data, digests, c, what, chunk)
+
+
 def list_digest(digests: list[int]) -> int:
     """One checksum of a blob's chunk checksums: what a writer sends so the store can refuse other bytes."""
     return digest(memoryview(b"".join(d.to_bytes(8, "little") for d in digests)))

@@ -295,11 +295,17 @@ class StoreClient(DatasetClient):
         self.read_boxes(job, step, [(name, box, out)], save_id)
 
     def read_boxes(
-        self, job: str, step: int, requests: Sequence[BoxRequest], save_id: str | None = None
+        self,
+        job: str,
+        step: int,
+        requests: Sequence[BoxRequest],
+        save_id: str | None = None,
+        sums: dict[int, list[int]] | None = None,
     ) -> None:
         """Many boxes of one version in one request (same host: one lookup, then memory copies). With
         `save_id`, only that save's blobs are read (NotFoundError if the store holds another one). On an
-        error the contents of the `out` arrays are undefined."""
+        error the contents of the `out` arrays are undefined. `sums`: see `transport.into` (network
+        reads only)."""
         for name, box, out in requests:
             check_name(name)
             if not isinstance(out, np.ndarray) or tuple(out.shape) != box.shape:
@@ -315,7 +321,9 @@ class StoreClient(DatasetClient):
                 release()
             return
         payload = {"boxes": [{"name": n, "box": b.to_json()} for n, b, _ in requests], "save_id": save_id}
-        self.request("POST", f"{self._vpath(job, step)}/read", payload, reader=into([r[2] for r in requests]))
+        self.request(
+            "POST", f"{self._vpath(job, step)}/read", payload, reader=into([r[2] for r in requests], sums)
+        )
 
     def hold_boxes(
         self, job: str, step: int, requests: Sequence[tuple[str, Box, str]], save_id: str | None = None
@@ -504,8 +512,9 @@ def read_many(
     requests: Iterable[tuple[StoreClient, str, int, str, Box, np.ndarray]],
     concurrency: int = 8,
     save_id: str | None = None,
+    sums: dict[int, list[int]] | None = None,
 ) -> None:
-    """Read boxes from many stores in parallel into the callers' arrays.
+    """Read boxes from many stores in parallel into the callers' arrays (`sums`: see `transport.into`).
 
     Requests to the same (store, job, version) are batched (up to 256 boxes / 256 MiB per request); at most
     `concurrency` requests are in flight, and since every byte lands in its final array the memory used is
@@ -524,7 +533,7 @@ def read_many(
         groups[-1].append((name, box, out))
         sizes[key] = sizes.get(key, 0) + nbytes
     work = [(clients[k[0]], k[1], k[2], g) for k, gs in batches.items() for g in gs]
-    _all([partial(c.read_boxes, job, step, g, save_id) for c, job, step, g in work], concurrency)
+    _all([partial(c.read_boxes, job, step, g, save_id, sums) for c, job, step, g in work], concurrency)
 
 
 def relay_many(

@@ -18,7 +18,7 @@ from ..ptc import Box
 from ..util import logs
 from .boxio import SCRATCH, blob_array, pieces
 from .catalog import Blob, Catalog
-from .checksum import CHUNK, StreamDigests, byte_span, cuts, digest, span_digests, verify_span
+from .checksum import CHUNK, StreamDigests, byte_span, cuts, digest, span_digests, verify_edges, verify_span
 from .client import StoreClient
 from .datasets import Registry
 from .errors import BadRequestError
@@ -80,8 +80,12 @@ class Daemon(Server):
             self.catalog.release(held)
 
     def send_parts(self, req: Request, parts: list[tuple[Blob, Box]], what: str) -> None:
-        """Verify every touched chunk first (so corruption is a clean JSON error), then stream the boxes,
-        then the checksums of what was sent (a trailer the receiver verifies its bytes against). The
+        """Stream the boxes, then the checksums of what was sent (a trailer the receiver verifies its bytes
+        against). A contiguous box sends the stored checksums of the whole chunks it covers, so the
+        receiver's check is the one against what was saved and nothing here hashes those chunks again;
+        the chunks under a strided box, and those a contiguous one covers in part, are verified first
+        (their trailer checksums are computed here, over verified bytes; corruption there is a clean
+        JSON error). The
         blobs must be held (`Catalog.hold`) by the caller, so their files cannot be reused meanwhile; this
         releases them, once: after their last byte went out and before the trailer, so that a reader that
         has its answer finds them released (a delete then frees their memory at once), or on an error."""
@@ -102,9 +106,10 @@ class Daemon(Server):
         described, contiguous = [], []
         for blob, box in parts:
             lo, hi = byte_span(box, blob.shape, blob.itemsize)
-            verify_span(memoryview(blob.mem), blob.digests, lo, hi, f"{what} {blob.name!r}")
             view = blob_array(memoryview(blob.mem), blob.dtype, blob.shape)[box.slices()]
             flat = view.flags.c_contiguous
+            check = verify_edges if flat else verify_span
+            check(memoryview(blob.mem), blob.digests, lo, hi, f"{what} {blob.name!r}")
             n = box.volume * blob.itemsize
             contiguous.append(span_digests(memoryview(blob.mem), blob.digests, lo, hi) if flat else None)
             described.append({"dtype": blob.dtype, "nbytes": n, "skew": lo % CHUNK if flat else 0})

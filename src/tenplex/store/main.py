@@ -13,6 +13,7 @@ import signal
 import sys
 
 from ..util import SizeError, logs, parse_size, read_token
+from ..util.collector import freeze_imports
 from .daemon import Daemon
 from .errors import BadRequestError, StoreError
 from .routes import ROUTES
@@ -92,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    freeze_imports()  # a full collection stalls every request thread: it walks the daemon's own objects only
     try:
         print(f"tenplex store listening on {d.url} (pid {os.getpid()})", flush=True)
         d.serve_forever()

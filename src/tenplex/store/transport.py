@@ -264,9 +264,14 @@ class Transport:
         raise AssertionError("unreachable")
 
 
-def into(outs: list[np.ndarray]) -> Reader[None]:
+def into(outs: list[np.ndarray], sums: dict[int, list[int]] | None = None) -> Reader[None]:
     """A response reader that receives the raw parts of a read straight into `outs`, hashing each piece
-    as it lands and checking it against the checksums the store sends after the parts (when it does)."""
+    as it lands and checking it against the checksums the store sends after the parts (when it does).
+
+    The store sends the saved checksums of the whole chunks a box covers, so this check is the one that
+    catches bytes corrupted in the store's memory as well as on the way. With `sums`, each `out` whose
+    part starts on a chunk boundary gets its verified checksums there (by `id(out)`): they are that
+    array's own chunk checksums, which a store keeping the bytes need not compute again."""
 
     def read(conn: Conn, headers: dict[str, str], length: int) -> None:
         head = bytearray(PREAMBLE.size)
@@ -301,7 +306,26 @@ def into(outs: list[np.ndarray]) -> Reader[None]:
         if checked:
             trailer = bytearray(8 * count)
             conn.read_into(memoryview(trailer))
-            if list(struct.unpack(f"<{count}Q", trailer)) != got:
-                raise ChecksumError("a read's bytes arrived different from what the store sent: not returned")
+            sent = list(struct.unpack(f"<{count}Q", trailer))
+            if sent != got:
+                raise ChecksumError(_mismatch(sent, got, pieces))
+            if sums is not None:
+                at = 0
+                for part, out, cut in zip(meta["parts"], outs, pieces):
+                    if not int(part.get("skew", 0)):
+                        sums[id(out)] = got[at : at + len(cut)]
+                    at += len(cut)
 
     return read
+
+
+def _mismatch(sent: list[int], got: list[int], pieces: list[list[tuple[int, int]]]) -> str:
+    """Which part and bytes of a read failed their checksum."""
+    first = next(i for i, (a, b) in enumerate(zip(sent, got)) if a != b)
+    for k, cut in enumerate(pieces):
+        if first < len(cut):
+            lo, hi = cut[first]
+            return (f"a read's bytes {lo}..{hi} of box {k} do not match the store's checksums (corrupted in "
+                    "the store's memory or on the way): not returned")  # fmt: skip
+        first -= len(cut)
+    raise AssertionError("unreachable")

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..planner import plan
 from ..ptc import PTC
-from ..util import env
+from ..util import collector, env
 from . import world
 from .breakdown import Breakdown
 from .durable import load_durable
@@ -25,6 +25,7 @@ from .stores import resolve
 from .tree import expand, flatten, restore
 
 
+@collector.paused()
 def load(
     state_dict: dict[str, Any],
     job: str,

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..ptc import values as value_codec
 from ..store import MemoryLimitError, NotFoundError, StoreClient, StoreError
+from ..util import collector
 from . import world
 from .breakdown import Breakdown
 from .errors import StateError
@@ -77,6 +78,7 @@ def wait_for_pending(timeout: float) -> bool:
     return all(h.done for h in _pending)
 
 
+@collector.paused()
 def save(
     state_dict: dict[str, Any],
     job: str,

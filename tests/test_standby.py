@@ -104,6 +104,41 @@ def test_spares_are_forked_from_one_zygote_and_outlive_the_pools_close_while_the
     assert slow.poll() is None and slow.wait(30) == 0  # the zygote waited for it
 
 
+WARMED = """
+import os, sys, torch, torch.distributed as dist
+from tenplex.train.warmup import warm_up
+threads = torch.get_num_threads()
+rng = torch.get_rng_state()
+warm_up()
+assert not dist.is_initialized(), "the warm-up's world is gone"
+assert torch.equal(torch.get_rng_state(), rng), "the RNG state is as before"
+assert torch.get_num_threads() == threads
+warm_up()  # twice is harmless
+print(len(os.listdir("/proc/self/task")), "threads")
+"""
+
+
+def test_the_dtensor_warm_up_leaves_no_world_no_thread_and_the_rng_as_it_was(tmp_path):
+    """What the zygote does before it forks: a fork must copy no thread's half-held lock and no group."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", WARMED], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "threads"]
+
+
+def test_the_zygote_forks_with_one_thread_after_its_warm_up(tmp_path):
+    pool = StandbyPool(tmp_path / "standby.log", dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        pool.fill(1)
+        assert _parent(pool.idle[0].pid) == pool.zygote.proc.pid  # forked: the preload is done
+        assert len(os.listdir(f"/proc/{pool.zygote.proc.pid}/task")) == 1
+    finally:
+        pool.close()
+
+
 def test_a_dead_zygote_ends_its_spares_and_the_next_start_forks_from_a_new_one(tmp_path):
     import signal
 

@@ -147,7 +147,8 @@ def _become(role: dict[str, Any], previous: set[str]) -> int:
 
 
 def preload() -> None:
-    """What a rank would otherwise import while the job waits (each a second or so)."""
+    """What a rank would otherwise import while the job waits (each a second or so), and DTensor's one-time
+    costs (`train.warmup`: 0.2-0.3 s of a rank's first tensor-parallel build and step)."""
     import torch
     import torch.distributed.checkpoint
     import torch.distributed.fsdp
@@ -156,6 +157,9 @@ def preload() -> None:
 
     import tenplex.runtime.job
     import tenplex.runtime.reference_rank  # noqa: F401
+    from tenplex.train.warmup import warm_up
+
+    warm_up()
 
 
 def serve() -> int:

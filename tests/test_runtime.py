@@ -28,6 +28,7 @@ from tenplex.runtime.chooser import (
 from tenplex.runtime.hosts import health
 from tenplex.runtime.schedule import ScheduleError, parse_schedule
 from tenplex.store.process import logged_stores
+from tenplex.transformer.snapshot import newest_step
 
 # -- schedule ---------------------------------------------------------------------------------------------
 
@@ -226,8 +227,9 @@ def test_downtime_is_split_into_named_parts_that_add_up():
     info = reconfiguration(old, new)
     p = info["parts"]
     assert info["downtime"] == pytest.approx(5.75) and sum(p.values()) == pytest.approx(5.75)
-    expected = {"stop": 0.5, "save": 1.5, "exit": 1.0, "persist": 0.25, "start": 0.25, "process_group": 0.3,
-                "build": 0.7, "load": 0.5, "first_step": 0.75, "other": 0.0}  # fmt: skip
+    expected = {"stop": 0.5, "save": 1.5, "go": 0.0, "exit": 1.0, "persist": 0.25, "start": 0.25,
+                "process_group": 0.3, "build": 0.7, "load": 0.5, "first_step": 0.75,
+                "other": 0.0}  # fmt: skip
     assert set(p) == {*PARTS, "other"} and p == pytest.approx(expected)
     assert (info["from"], info["to"], info["failure"], info["redeploy"]) == (
         "dp2-tp1-pp1",
@@ -239,6 +241,46 @@ def test_downtime_is_split_into_named_parts_that_add_up():
     failed = reconfiguration(old, new)
     assert failed["downtime"] == pytest.approx(4.75) and failed["parts"]["save"] == 0.0
     assert failed["parts"]["exit"] == pytest.approx(2.0) and failed["failure"]
+
+    old.failed_at = None  # started ahead: built before the save, told to go 0.25 s after its commit
+    ahead = Phase(1, Layout(1, 2, 2), new.devices, 10, 20)
+    for r in [
+        {"kind": "waiting", "seconds": 3.0, "time": 96.0},
+        {"kind": "loaded", "step": 10, "seconds": 0.5, "time": 102.8, "bytes": {}, "plan": {},
+         "source": "memory"},
+        {"kind": "ready", "step": 10, "time": 102.9, "init_at": 93.0, "process_group_seconds": 0.3,
+         "ahead": True, "go_at": 102.25},
+        {"kind": "step", "step": 11, "time": 103.0},
+    ]:  # fmt: skip
+        ahead.add(r)
+    info = reconfiguration(old, ahead)
+    expected = {"stop": 0.5, "save": 1.5, "go": 0.25, "exit": 0.0, "persist": 0.0, "start": 0.0,
+                "process_group": 0.0, "build": 0.15, "load": 0.5, "first_step": 0.1,
+                "other": 0.0}  # fmt: skip
+    assert info["downtime"] == pytest.approx(3.0) and info["parts"] == pytest.approx(expected)
+
+
+def test_a_preview_of_the_allocation_is_what_applying_the_events_makes_and_changes_nothing(tmp_path):
+    """A phase started ahead is planned on `preview`; the boundary then applies the same events."""
+    from tenplex.runtime.hosts import EmulatedHosts, HostsError
+    from tenplex.runtime.schedule import Event
+
+    hosts = EmulatedHosts(tmp_path, devices_per_host=2, failed_devices={"h0/d1"})
+    hosts.allocation = ["h0/d0", "h1/d0", "h1/d1"]
+    cases = [[Event(step=5, devices=4)], [Event(step=5, redeploy=True)], [Event(step=5, devices=1)],
+             [Event(step=5, devices=2), Event(step=5, hosts=("h1", "h2"))]]  # fmt: skip
+    for events in cases:
+        seen = hosts.preview(events)
+        assert hosts.allocation == ["h0/d0", "h1/d0", "h1/d1"] and not (tmp_path / "cluster.json").exists()
+        twin = EmulatedHosts(tmp_path / "twin", devices_per_host=2, failed_devices={"h0/d1"})
+        twin.allocation = list(hosts.allocation)
+        (tmp_path / "twin").mkdir(exist_ok=True)
+        for e in events:
+            twin.apply(e)
+        assert seen == twin.allocation, events
+    with pytest.raises(HostsError, match="needs 40 devices"):
+        hosts.preview([Event(step=5, devices=40)])
+    assert hosts.allocation == ["h0/d0", "h1/d0", "h1/d1"]
 
 
 # -- the worker spec and the stores' identity ------------------------------------------------------------
@@ -381,10 +423,13 @@ def test_a_rerun_resumes_after_the_controller_is_killed_mid_reconfiguration(tmp_
     p.wait()
     cluster = json.loads((run_dir / "cluster.json").read_text())
     try:
+        # the new phase started ahead was told to go when step 6 committed: it may have snapshotted since
+        committed = newest_step("resume-test", [s["url"] for s in cluster["stores"].values()])
+        assert committed is not None and committed >= 6
         again = tenplex(*args)
         out, _ = again.communicate(timeout=300)
         assert again.returncode == 0, out[-3000:]
-        assert "resuming job resume-test from its committed step 6" in out
+        assert f"resuming job resume-test from its committed step {committed}" in out
         s = json.loads((run_dir / "summary.json").read_text())
         assert s["ledger"]["ok"] and s["steps"] == 12
         # the finished run stopped every store it started, the one the killed controller never recorded too
@@ -462,3 +507,80 @@ def test_a_rerun_catches_up_on_the_records_a_killed_controller_never_read(tmp_pa
     assert catch_up(tl, tmp_path, 2) == 0
     tl.close()
     assert losses(timeline(tmp_path)) == {s: 10.0 - s for s in range(1, 10)}
+
+
+# -- a phase started ahead -------------------------------------------------------------------------------
+
+
+@pytest.mark.dist
+def test_a_phase_started_ahead_is_cancelled_when_the_one_before_crashes_and_taken_when_it_ends(tmp_path):
+    """The next layout's ranks start while the current one trains. A rank of the current phase killed on
+    its own (a crash, no schedule event) ends it otherwise than planned: the phase started ahead is
+    cancelled, its ranks end without loading anything and its directory goes; the recovery runs as any
+    other, and the phase after it, started ahead too, is taken and told to go at its step."""
+    schedule = tmp_path / "schedule.json"
+    schedule.write_text(json.dumps([{"step": 0, "devices": 2}, {"step": 40, "devices": 3}]))
+    run_dir = tmp_path / "run"
+    p = tenplex("run", "--schedule", str(schedule), "--run-dir", str(run_dir), "--steps", "44",
+                "--global-batch", "12", "--snapshot-every", "5", "--job", "ahead", "--quiet")  # fmt: skip
+    timeline = run_dir / "timeline.jsonl"
+    deadline, killed = time.time() + 300, None
+    while time.time() < deadline and p.poll() is None and killed is None:
+        recs = [json.loads(x) for x in timeline.read_text().splitlines()] if timeline.exists() else []
+        ready = [r for r in recs if r.get("event") == "ready" and r["phase"] == 0]
+        if ready and any(r["kind"] == "ahead" for r in recs):
+            killed = ready[0]["pids"][1]
+            os.kill(killed, signal.SIGKILL)
+        time.sleep(0.02)
+    out, _ = p.communicate(timeout=300)
+    assert killed is not None and p.returncode == 0, out[-3000:]
+    recs = [json.loads(x) for x in timeline.read_text().splitlines()]
+    order = [(r["kind"], r.get("phase"), r.get("ahead", False)) for r in recs
+             if r["kind"] in ("ahead", "crash", "launch")]  # fmt: skip
+    assert order == [("launch", 0, False), ("ahead", 1, False), ("crash", 0, False), ("launch", 1, False),
+                     ("ahead", 2, False), ("launch", 2, True)], order  # fmt: skip
+    waiting = [r["phase"] for r in recs if r.get("event") == "waiting"]
+    assert waiting == [2]  # the cancelled phase's records were never taken: its directory is gone
+    assert not (run_dir / "phase1" / "cancel").exists() and (run_dir / "phase2" / "go").exists()
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["steps"] == 44 and s["ledger"]["ok"]
+    change = s["reconfigurations"][-1]
+    assert (change["from"], change["to"], change["failure"]) == ("dp2-tp1-pp1", "dp3-tp1-pp1", False)
+    assert change["parts"]["start"] == change["parts"]["process_group"] == 0.0  # done ahead
+    assert change["downtime"] < change["save_seconds"] + change["load_seconds"] + 0.5 + change["parts"]["go"]
+
+
+CANCELLED = """
+import os, sys, torch
+from pathlib import Path
+from tenplex.runtime.job import ElasticJob
+from tenplex.runtime.spec import WorkerSpec
+
+out = Path(sys.argv[1])
+spec = WorkerSpec(job="j", until=4, out=str(out), ahead=True)
+spec.to_file(out / "spec.json")
+os.environ.update(TENPLEX_WORKER_SPEC=str(out / "spec.json"), RANK="0", WORLD_SIZE="1",
+                  MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
+job = ElasticJob()
+(out / sys.argv[3]).touch()
+print("turn", job.wait_turn(), job.wait_turn(), flush=True)  # asked once
+job.resume({"w": torch.zeros(2)})
+print("resumed")
+"""
+
+
+def test_a_script_started_ahead_waits_for_its_turn_and_ends_cleanly_when_cancelled(tmp_path):
+    from tenplex.util import free_port
+
+    for word, turn in (("cancel", "False"), ("go", "True")):
+        out = tmp_path / word
+        out.mkdir()
+        r = subprocess.run([sys.executable, "-c", CANCELLED, str(out), str(free_port()), word],
+                           capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, PYTHONPATH=SRC))  # fmt: skip
+        lines = r.stdout.split("\n")
+        assert lines[0] == f"turn {turn} {turn}", r.stdout + r.stderr
+        if word == "cancel":  # PhaseCancelled: exit 0, nothing loaded
+            assert r.returncode == 0 and "resumed" not in r.stdout, r.stderr
+        else:  # told to go: it loads (nothing to load here: a fresh start)
+            assert r.returncode == 0 and "resumed" in r.stdout, r.stderr

@@ -41,6 +41,13 @@ def _add_job_args(p: argparse.ArgumentParser, steps: int, model: str, batch: int
     p.add_argument("--snapshot-every", type=int, default=5, help="asynchronous in-memory snapshot interval")
     p.add_argument("--para-config", help="JSON or YAML table: devices -> {dp, tp, pp}, overrides the chooser")
     p.add_argument("--quiet", action="store_true")
+    _add_ahead_arg(p)
+
+
+def _add_ahead_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-ahead", dest="ahead", action="store_false",
+                   help="start a planned change's ranks only once the old layout stopped (default on CPUs: "
+                   "while it trains, so that they are built and warm when it stops)")  # fmt: skip
 
 
 def _add_network_args(p: argparse.ArgumentParser) -> None:
@@ -94,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         nic_latency_ms=args.nic_latency_ms,
         replicas=args.replicas,
         store_memory=args.store_memory,
+        ahead=args.ahead,
     )
     if args.network == "netns" and args.keep_stores:
         raise PTCError("--keep-stores needs loopback hosts: a namespace run removes its hosts when it ends")
@@ -183,7 +191,7 @@ def demo(args: argparse.Namespace) -> int:
     from ..runtime.demo import run_demo
 
     started = time.time()
-    ok = run_demo(Path(args.run_dir), args.model, args.steps, args.quiet, args.network)
+    ok = run_demo(Path(args.run_dir), args.model, args.steps, args.quiet, args.network, args.ahead)
     print(f"demo finished in {time.time() - started:.0f} s")
     return 0 if ok else 1
 
@@ -228,4 +236,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--quiet", action="store_true")
     d.add_argument("--network", choices=("loopback", "netns"), default="loopback",
                    help="the elastic run's hosts as network namespaces (root)")  # fmt: skip
+    _add_ahead_arg(d)
     d.set_defaults(func=demo)

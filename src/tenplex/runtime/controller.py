@@ -13,6 +13,7 @@ import importlib
 import threading
 import time
 from dataclasses import asdict, dataclass, replace
+from itertools import takewhile
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,10 @@ from ..ptc import TenplexError
 from ..ptc.layout import Layout
 from ..train.config import TrainConfig
 from ..util import logs
+from .ahead import Ahead
 from .chooser import ChooserError, choose
 from .downtime import reconfiguration
-from .hosts import EmulatedHosts, host_of
+from .hosts import EmulatedHosts, HostsError, host_of
 from .launcher import Launcher
 from .live import LiveView
 from .monitor import Monitor, catch_up
@@ -60,6 +62,7 @@ class RunConfig:
     nic_latency_ms: float | None = None
     replicas: int = 0  # netns: copies of each snapshot blob on the next hosts' stores
     store_memory: int | None = None  # bytes each host's store may hold (None: the hosts' default)
+    ahead: bool = True  # start a planned change's ranks while the phase before trains (CPU devices only)
 
 
 class Controller:
@@ -85,6 +88,8 @@ class Controller:
         self.launcher = make(cfg.run_dir, self.hosts, pool_size)
         self.monitor = Monitor(self.timeline, self.live, self.hosts, self.launcher, self._on_record)
         self._prev: Phase | None = None
+        self._next: tuple[Phase, list[Event]] | None = None  # a phase whose successor may start ahead
+        self._ahead: Ahead | None = None  # that successor, once started
         self._persisting: threading.Thread | None = None
         # the controller's own torch import, off the first reconfiguration's path (joined before any use)
         self._preload = threading.Thread(target=importlib.import_module, args=("tenplex.transformer",))
@@ -132,23 +137,36 @@ class Controller:
             self._apply(first, step)
         self.launcher.fill(starting=True)  # every rank the schedule will need imports from the start
         index, prev, crashes, crashed_at = self._next_phase(), None, 0, -1
+        ahead: Ahead | None = None
         while step < cfg.steps:
             while by_step and by_step[0].step <= step and not by_step[0].is_failure:
                 self._apply(by_step.pop(0), step)
-            layout = self._layout(len(self.hosts.allocation))
+            layout = self._layout(len(self.hosts.allocation), self.forced)
             until = min([cfg.steps] + [e.step for e in by_step if not e.is_failure])
             failures = [e.step for e in by_step if e.is_failure and step <= e.step < until]
-            phase = self._launch(index, layout, step, until, prev, failures)
+            phase = self._take(ahead, layout, step, until, prev, failures)
+            if phase is None:
+                phase = self._launch(index, layout, step, until, prev, failures)
             stop_at = self.started + by_time[0].time if by_time else None  # the next time event
-            self.monitor.watch(phase, by_step, stop_at, bool(cfg.script) and self._overlap_exit())
+            self._next = (phase, by_step) if self._may_go_ahead(phase, by_step, by_time) else None
+            if self._next is not None and prev is None:  # the job's start is no change to slow down
+                self._ahead, self._next = self._go_ahead(*self._next), None
+            try:
+                self.monitor.watch(phase, by_step, stop_at, bool(cfg.script) and self._on_cpus())
+            finally:
+                ahead, self._ahead, self._next = self._ahead, None, None
+                if ahead is not None and not ahead.go_given:  # the phase ended otherwise: not the plan
+                    ahead.cancel(self.launcher.release)
+                    ahead = None
             self._no_room_for(phase)
-            if phase.crashed:  # without progress: no step trained, or none past the last crash (replayed)
-                crashes = 0 if phase.trained and phase.last_step > crashed_at else crashes + 1
+            # told to go (`ahead`): this phase's final save committed, whatever its teardown did
+            if phase.crashed and ahead is None:  # without progress: no step trained, or none past the last
+                crashes = 0 if phase.trained and phase.last_step > crashed_at else crashes + 1  # crash
                 crashed_at = max(crashed_at, phase.last_step)
             else:
                 crashes = 0
             self._give_up_after(crashes, phase)
-            if phase.failed_at is not None:
+            if phase.failed_at is not None and ahead is None:
                 survivors = self._handle_failure(phase)
                 if not survivors:
                     raise JobFailed(f"no devices left after the failure at step {phase.last_step}")
@@ -207,17 +225,17 @@ class Controller:
 
     def _apply(self, e: Event, step: int) -> None:
         self.hosts.apply(e)
-        self.forced = Layout.from_dict(e.layout) if e.layout else None
+        self.forced = _forced(e)
         self.timeline.write("event", step=step, event=e.describe(), devices=list(self.hosts.allocation))
 
     def _elapsed(self) -> float:
         return time.time() - self.started
 
-    def _layout(self, devices: int) -> Layout | None:
-        """The layout of the next phase: the schedule's, else the chooser's; a script lays itself out
-        (None) unless the schedule names a layout."""
-        if self.forced is not None and self.forced.world == devices:
-            return self.forced
+    def _layout(self, devices: int, forced: Layout | None) -> Layout | None:
+        """The layout of the next phase: the schedule's (`forced`, named by the last event applied), else
+        the chooser's; a script lays itself out (None) unless the schedule names a layout."""
+        if forced is not None and forced.world == devices:
+            return forced
         if self.cfg.script:
             return None
         t = self.cfg.train
@@ -283,22 +301,83 @@ class Controller:
         failures: list[int],
     ) -> Phase:
         devices = self._place(layout, list(self.hosts.allocation), prev)
-        self.hosts.allocation = devices
-        self.hosts.save()
-        phase = Phase(index, layout, devices, step, until, dir=self.cfg.run_dir / f"phase{index}")
-        phase.failures = sorted({phase.due(s) for s in failures if phase.due(s) < until})
-        phase.dir.mkdir(parents=True, exist_ok=True)
-        hosts = sorted({host_of(d) for d in devices})
-        self.timeline.write(
-            "launch", phase=index, layout=phase.label, devices=devices, step=step, until=until, hosts=hosts
-        )
-        on = f"{len(devices)} devices ({', '.join(hosts)})"
-        self.live.note(f"phase {index}: {phase.label} on {on}, steps {step}..{until}")
-        phase.launched = time.time()
+        phase = self._phase(index, layout, devices, step, until, failures)
+        self._announce(phase, prev)
         self.launcher.launch(phase, self._spec(phase), self.cfg.script)
         self._network()
-        self._prev = prev
         return phase
+
+    def _phase(
+        self, index: int, layout: Layout | None, devices: list[str], step: int, until: int, fails: list[int]
+    ) -> Phase:
+        phase = Phase(index, layout, devices, step, until, dir=self.cfg.run_dir / f"phase{index}")
+        phase.failures = sorted({phase.due(s) for s in fails if phase.due(s) < until})
+        phase.dir.mkdir(parents=True, exist_ok=True)
+        phase.launched = time.time()
+        return phase
+
+    def _announce(self, phase: Phase, prev: Phase | None, **fields: object) -> None:
+        """The phase's devices become the allocation; its launch goes into the timeline and the live view."""
+        self.hosts.allocation = phase.devices
+        self.hosts.save()
+        hosts = sorted({host_of(d) for d in phase.devices})
+        self.timeline.write("launch", phase=phase.index, layout=phase.label, devices=phase.devices,
+                            step=phase.start_step, until=phase.until, hosts=hosts, **fields)  # fmt: skip
+        on = f"{len(phase.devices)} devices ({', '.join(hosts)})"
+        self.live.note(f"phase {phase.index}: {phase.label} on {on}, steps {phase.start_step}..{phase.until}")
+        self._prev = prev
+
+    # -- a phase started ahead (see `ahead`) ---------------------------------------------------------------
+    def _may_go_ahead(self, phase: Phase, by_step: list[Event], by_time: list[Event]) -> bool:
+        """Whether `phase` ends at a step the schedule names with a change (not a failure, not a time), so
+        the next phase is known now; on CPUs only."""
+        if not self.cfg.ahead or by_time or phase.failures or phase.until >= self.cfg.steps:
+            return False
+        nxt = [e for e in by_step if e.step == phase.until]
+        return bool(nxt) and not nxt[0].is_failure and self._on_cpus()
+
+    def _go_ahead(self, current: Phase, by_step: list[Event]) -> Ahead | None:
+        """Start the phase after `current` now, planned as the boundary would plan it (`_run`), on a
+        preview of the allocation; None when that plan cannot be made now."""
+        events = list(takewhile(lambda e: e.step <= current.until and not e.is_failure, by_step))
+        rest = by_step[len(events) :]
+        try:
+            alloc = self.hosts.preview(events)
+            layout = self._layout(len(alloc), _forced(events[-1]))
+        except (HostsError, ChooserError):  # the boundary says so, in its own words
+            return None
+        until = min([self.cfg.steps] + [e.step for e in rest if not e.is_failure])
+        failures = [e.step for e in rest if e.is_failure and current.until <= e.step < until]
+        devices = self._place(layout, alloc, current)
+        phase = self._phase(current.index + 1, layout, devices, current.until, until, failures)
+        self.launcher.launch(phase, replace(self._spec(phase), ahead=True), self.cfg.script)
+        self.timeline.write("ahead", phase=phase.index, layout=phase.label, devices=devices,
+                            step=phase.start_step, at=current.last_step)  # fmt: skip
+        return Ahead(phase, current, (layout, devices, phase.start_step, until, phase.failures))
+
+    def _take(
+        self,
+        ahead: Ahead | None,
+        layout: Layout | None,
+        step: int,
+        until: int,
+        prev: Phase | None,
+        failures: list[int],
+    ) -> Phase | None:
+        """The phase started ahead, if it is the one the boundary plans (always, once told to go: its ranks
+        may have loaded); else it is cancelled and None returned."""
+        if ahead is None:
+            return None
+        devices = self._place(layout, list(self.hosts.allocation), prev)
+        due = sorted({ahead.phase.due(s) for s in failures if ahead.phase.due(s) < until})
+        if not ahead.matches((layout, devices, step, until, due)):
+            if not ahead.go_given:
+                ahead.cancel(self.launcher.release)
+                return None
+            log.warning("phase %d (started ahead) differs from the plan; it runs", ahead.phase.index)
+        self._announce(ahead.phase, prev, ahead=True)
+        self._network()
+        return ahead.phase
 
     def _on_record(self, phase: Phase, r: dict) -> None:
         """Once the new ranks are ready, start spares while this phase trains (for a larger next layout,
@@ -306,6 +385,10 @@ class Controller:
         step (or ended without one), report the change."""
         if r["kind"] == "ready":
             self.launcher.fill()
+        if r["kind"] == "step" and self._next is not None and self._next[0] is phase:
+            self._ahead, self._next = self._go_ahead(*self._next), None
+        if r["kind"] == "done" and self._ahead is not None and self._ahead.after is phase:
+            self._ahead.go()
         if r["kind"] == "loaded" and r.get("skipped"):
             self._skipped(phase, r)
         if r["kind"] == "store_full":
@@ -329,9 +412,9 @@ class Controller:
         log.warning("phase %d: snapshots %s could not be read: %s", phase.index, steps, r["skipped"][0])
         self.live.note(f"snapshots of steps {steps} could not be read; loaded step {r['step']} instead")
 
-    def _overlap_exit(self) -> bool:
-        """Whether a phase may start before the last one's script processes are gone (the reference rank's
-        return to the pool instead): not on GPUs, whose memory the old processes hold until they exit."""
+    def _on_cpus(self) -> bool:
+        """Whether the job's devices are CPUs: then a phase may start before the last one's processes are
+        gone (a script's exit; a phase started ahead), not on GPUs, whose memory the old processes hold."""
         if self.cfg.train.device != "auto":
             return self.cfg.train.device == "cpu"
         import torch
@@ -377,3 +460,8 @@ class Controller:
         self.timeline.write(
             "persist", step=step, path=str(path), seconds=info["seconds"], bytes=info["bytes"]
         )
+
+
+def _forced(e: Event) -> Layout | None:
+    """The layout an event names (the next phase runs it if the devices fit), or None."""
+    return Layout.from_dict(e.layout) if e.layout else None

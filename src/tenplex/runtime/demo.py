@@ -44,10 +44,15 @@ def compare_parameters(elastic: Controller, static: Controller) -> float:
 
 
 def run_demo(
-    run_dir: Path, model: str = "tiny", steps: int = 60, quiet: bool = False, network: str = "loopback"
+    run_dir: Path,
+    model: str = "tiny",
+    steps: int = 60,
+    quiet: bool = False,
+    network: str = "loopback",
+    ahead: bool = True,
 ) -> bool:
     """With `network="netns"` the elastic run's hosts are network namespaces (the static run stays on
-    loopback, in the controller's namespace)."""
+    loopback, in the controller's namespace); `ahead=False`: planned changes start no ranks ahead."""
     if run_dir.exists():
         shutil.rmtree(run_dir)
     train = TrainConfig(
@@ -55,7 +60,7 @@ def run_demo(
     )
     elastic = RunConfig(
         train, parse_schedule(SCHEDULE), steps, run_dir / "elastic", job="demo", snapshot_every=5,
-        quiet=quiet, network=network,
+        quiet=quiet, network=network, ahead=ahead,
     )  # fmt: skip
     static = RunConfig(
         train,

@@ -4,6 +4,9 @@ phases (the ranks' and the controller's; one machine, one clock).
 downtime = from the old phase's last step (or its failure) to the new phase's first step, in parts:
   stop           the old ranks agreeing to stop, and a snapshot in flight finishing
   save           the final save the new layout loads from
+  go             a phase started ahead (built, and its first step rehearsed, while the old layout trained):
+                 from that save's commit until its ranks were told to go; then exit, persist, start and
+                 process_group are not on the path (0) and build is what the ranks did after the go
   exit           the old ranks ending (barrier, teardown or return to the pool) until the controller sees it
   persist        the controller's DCP copy of that state (the durable tier), before the next phase
   start          the new ranks' processes taking their roles until the job object exists (a user script's
@@ -22,7 +25,7 @@ from typing import Any
 from .hosts import host_of
 from .phase import Phase
 
-PARTS = ("stop", "save", "exit", "persist", "start", "process_group", "build", "load", "first_step")
+PARTS = ("stop", "save", "go", "exit", "persist", "start", "process_group", "build", "load", "first_step")
 
 
 def _first(phase: Phase, kind: str) -> dict | None:
@@ -47,6 +50,7 @@ def breakdown(prev: Phase, phase: Phase) -> dict[str, float] | None:
     parts = {
         "stop": max(0.0, saved_at - saved["seconds"] - since) if saved else 0.0,
         "save": saved["seconds"] if saved else 0.0,
+        "go": 0.0,
         "exit": ended - saved_at,
         "persist": prev.persist_seconds,
         "start": init_at - ended - prev.persist_seconds,
@@ -55,6 +59,10 @@ def breakdown(prev: Phase, phase: Phase) -> dict[str, float] | None:
         "load": load,
         "first_step": end["time"] - ready["time"] if end["kind"] == "step" else 0.0,
     }
+    if ready.get("ahead"):  # built while the old layout trained: the restart began at the go
+        go_at = ready["go_at"]
+        parts.update(go=go_at - saved_at, exit=0.0, persist=0.0, start=0.0, process_group=0.0,
+                     build=max(0.0, ready["time"] - go_at - load))  # fmt: skip
     parts["other"] = (end["time"] - since) - sum(parts.values())
     return parts
 

@@ -156,12 +156,24 @@ class EmulatedHosts:
 
     def apply(self, event: Event) -> list[str]:
         """The device allocation after `event` (rank order: surviving devices keep their ranks' order)."""
-        current = [
-            d for d in self.allocation if d not in self.failed_devices and host_of(d) not in self.failed_hosts
-        ]
+        self.allocation = self.preview([event])
+        self.save()
+        return self.allocation
+
+    def preview(self, events: list[Event]) -> list[str]:
+        """The allocation `apply` would make of `events`, one after the other, changing nothing (a phase
+        started ahead is planned on it)."""
+        alloc = self.allocation
+        for event in events:
+            alloc = self._after(event, alloc)
+        return alloc
+
+    def _after(self, event: Event, allocation: list[str]) -> list[str]:
+        gone = self.failed_devices
+        current = [d for d in allocation if d not in gone and host_of(d) not in self.failed_hosts]
         n = event.devices if event.devices is not None else len(current)
         if event.redeploy:
-            used = {host_of(d) for d in self.allocation}
+            used = {host_of(d) for d in allocation}
             fresh = [h for h in self._hosts() if h not in used]
             current, pool = [], self._free(fresh, set())
         elif event.hosts is not None:
@@ -174,8 +186,6 @@ class EmulatedHosts:
         alloc = (current + pool)[:n] if n > len(current) else _shrink(current, n)
         if len(alloc) < n:
             raise HostsError(f"{event.describe()} needs {n} devices, only {len(alloc)} are available")
-        self.allocation = alloc
-        self.save()
         return alloc
 
     def fail_devices(self, devices: list[str]) -> None:

@@ -32,6 +32,14 @@ class JobError(TenplexError):
     """The job was set up wrongly (no name, no step to stop at)."""
 
 
+class PhaseCancelled(SystemExit):
+    """This phase was started ahead and will not run (the one before it ended otherwise than planned): the
+    script ends here, cleanly (exit code 0), having loaded and trained nothing."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+
+
 class ElasticJob:
     """What a rank needs to take part in an elastic job; every rank makes the same calls in the same order.
 
@@ -87,6 +95,8 @@ class ElasticJob:
         self._ready = False
         self._started = self._last = time.perf_counter()
         self._load_seconds = 0.0
+        self._turn: bool | None = None  # started ahead: whether this phase runs (None: not asked yet)
+        self._go_at = 0.0  # when this rank was told to go (started ahead)
 
     def record(self, kind: str, **fields: Any) -> None:
         """A record for the controller (rank 0 writes; the others have nothing to add)."""
@@ -103,8 +113,33 @@ class ElasticJob:
             self._ledger = Records(Path(self.out) / f"ledger-dp{dp_rank}.jsonl")
         self._ledger.write("samples", step=step, dp=dp_rank, ids=list(ids))
 
+    @property
+    def ahead(self) -> bool:
+        """Whether this phase was started ahead, while the one before it still trained."""
+        return bool(self.spec and self.spec.ahead)
+
+    def wait_turn(self) -> bool:
+        """A phase started ahead waits here (built, nothing loaded) until the one before it committed its
+        final save (True) or ended otherwise (False: this phase will not run; the controller says which).
+        Other phases go at once. `resume` calls it; call it earlier to overlap more with the old layout."""
+        if self._turn is None:
+            self._turn = True
+            if self.ahead:
+                self.record("waiting", seconds=time.time() - self._init_at)  # built this long after start
+                go, cancel = self.spec.go_file(), self.spec.cancel_file()  # type: ignore[union-attr]
+                while not go.exists():  # type: ignore[union-attr]
+                    if cancel.exists():  # type: ignore[union-attr]
+                        self._turn = False
+                        break
+                    time.sleep(TURN_POLL_S)
+                self._go_at = time.time()
+        return self._turn
+
     def resume(self, state: dict[str, Any]) -> int:
-        """Load the newest committed snapshot into `state` in place; its step, or 0 when there is none."""
+        """Load the newest committed snapshot into `state` in place; its step, or 0 when there is none. A
+        phase started ahead first waits for its turn (`wait_turn`); cancelled, it raises PhaseCancelled."""
+        if not self.wait_turn():
+            raise PhaseCancelled()
         try:
             info = load(state, job=self.name, path=self.durable, store=self.store, sources=self.sources)
         except NoSnapshotError:
@@ -134,12 +169,15 @@ class ElasticJob:
         "fsdp3"). The record carries where the restart's time went: `init_at` (the last rank's job object
         made: a rank whose process started late delays them all), `process_group_seconds` (from then to
         the group formed), `load_seconds`, `build_seconds` (the rest: building the model and optimizer),
-        and `pids`, each rank's process."""
+        `pids`, each rank's process; for a phase started ahead, `go_at` (the last rank told to go) and
+        `build_seconds` counted from then (what was built before is not part of the restart)."""
         if not self._ready:
             self._ready = True
-            every = _from_every_rank(self._init_at, os.getpid())
-            last = max(init for init, _ in every)
+            every = _from_every_rank(self._init_at, os.getpid(), self._go_at)
+            last = max(init for init, _, _ in every)
             group = max(0.0, self._init_at + self._group_seconds - last)
+            go_at = max(go for _, _, go in every)
+            began = go_at if self.ahead else last + group
             self.label = layout or self.label
             self.record(
                 "ready",
@@ -147,11 +185,12 @@ class ElasticJob:
                 init_at=last,
                 process_group_seconds=group,
                 load_seconds=self._load_seconds,
-                build_seconds=time.time() - last - group - self._load_seconds,
+                build_seconds=time.time() - began - self._load_seconds,
                 layout=self.label,
                 pid=os.getpid(),
-                pids=[int(pid) for _, pid in every],  # each rank's process (a spare may serve many phases)
+                pids=[int(pid) for _, pid, _ in every],  # each rank's process (a spare may serve many phases)
                 world=self.world,
+                **({"ahead": True, "go_at": go_at} if self.ahead else {}),
                 **fields,
             )
             self._last = time.perf_counter()
@@ -257,6 +296,7 @@ def _from_every_rank(*values: float) -> list[list[float]]:
     return [t.tolist() for t in every]
 
 
+TURN_POLL_S = 0.005  # how often a rank started ahead looks for its go (or cancel) file
 FAILURE_WAIT_S = 120.0  # a controller that never fires the failure it announced: the rank ends with an error
 
 

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from ..train.config import TrainConfig
 from ..train.trainer import Trainer
-from .job import ElasticJob
+from .job import ElasticJob, JobError
 from .spec import SPEC, SpecError, WorkerSpec
 
 
@@ -36,10 +36,21 @@ def run(spec: WorkerSpec) -> int:
     cfg.dp, cfg.tp, cfg.pp, cfg.fsdp = layout.dp, layout.tp, layout.pp, layout.fsdp
     job = ElasticJob(spec=replace(spec, layout=layout), device=cfg.device)
     trainer = Trainer(cfg)
+    if job.ahead:
+        # a rehearsal while the old layout trains: this layout's first step pays DTensor's caches for its
+        # mesh, the pipeline's buffers and the first collectives now, not after the change. The load
+        # below overwrites everything it changed (parameters, optimizer moments and step, LR schedule,
+        # sampler position, RNG state, step); nothing of it is recorded
+        trainer.train_step()
+        if not job.wait_turn():  # the old layout ended otherwise: this one never runs
+            dist.destroy_process_group()
+            return 0
     state = trainer.state_dict()
     job.resume(state)
     if job.resumed:
         trainer.load_state_dict(state)
+    elif job.ahead:  # the rehearsed step would stay in the model: never train on from it
+        raise JobError("a phase started ahead found no snapshot to start from")
     job.ready(trainer.step, sampler=trainer.sampler.state_dict())
     ledger = trainer.pp_rank == 0 and trainer.tp_rank == 0  # one writer per dp rank
     pace = spec.min_step_seconds

@@ -39,6 +39,9 @@ class WorkerSpec:
     # steps at which the schedule injects a failure in this phase: the ranks wait after each until it has
     # hit (`fired_file`), so it lands at that step however fast they train
     failures: list[int] = field(default_factory=list)
+    # started ahead, while the phase before still trains: the ranks build, then wait for `go_file` (that
+    # phase's final save committed) or `cancel_file` (it ended otherwise) before they load anything
+    ahead: bool = False
     # this rank's placement, from the environment (not in the file: one file serves every rank of a phase)
     store: str | None = field(default=None, metadata={"env": True})
     device: str | None = field(default=None, metadata={"env": True})
@@ -95,6 +98,14 @@ class WorkerSpec:
     def fired_file(self, step: int) -> Path | None:
         """The file the controller creates once the failure due at `step` hit (or had nothing to hit)."""
         return Path(self.out) / f"fired-{step}" if self.out else None
+
+    def go_file(self) -> Path | None:
+        """Started ahead: the file the controller creates once the state to start from is committed."""
+        return Path(self.out) / "go" if self.out else None
+
+    def cancel_file(self) -> Path | None:
+        """Started ahead: the file the controller creates when this phase will not run after all."""
+        return Path(self.out) / "cancel" if self.out else None
 
     def rank_env(self, path: Path) -> dict[str, str]:
         """The variables that hand this spec and its placement to a rank process."""

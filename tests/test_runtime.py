@@ -584,3 +584,39 @@ def test_a_script_started_ahead_waits_for_its_turn_and_ends_cleanly_when_cancell
             assert r.returncode == 0 and "resumed" not in r.stdout, r.stderr
         else:  # told to go: it loads (nothing to load here: a fresh start)
             assert r.returncode == 0 and "resumed" in r.stdout, r.stderr
+
+
+@pytest.mark.dist
+def test_ranks_that_cannot_be_started_ahead_are_started_at_the_boundary(tmp_path):
+    """Starting a phase ahead is an optimization: when its ranks cannot be started (here the launcher
+    refuses every spec marked ahead), the run says so and starts the phase at its step as usual."""
+    from tenplex.runtime.controller import Controller, RunConfig
+    from tenplex.runtime.report import summary
+    from tenplex.runtime.standby import StandbyError
+    from tenplex.train.config import TrainConfig
+
+    train = TrainConfig(model="tiny", global_batch=12, seed=0, lr=3e-3, warmup=5, steps=8, device="cpu")
+    sched = parse_schedule([{"step": 0, "devices": 2}, {"step": 4, "devices": 3}])
+    ctl = Controller(RunConfig(train, sched, 8, tmp_path / "run", job="refused", snapshot_every=2,
+                               persist=False, quiet=True))  # fmt: skip
+    launch = ctl.launcher.launch
+
+    def refuse_ahead(phase, spec, script):
+        if spec.ahead:
+            raise StandbyError("no rank process could be started")
+        return launch(phase, spec, script)
+
+    ctl.launcher.launch = refuse_ahead
+    try:
+        ctl.run()
+    finally:
+        ctl.hosts.shutdown()
+    recs = [json.loads(x) for x in (tmp_path / "run" / "timeline.jsonl").read_text().splitlines()]
+    skipped = [r for r in recs if r["kind"] == "ahead_skipped"]
+    assert [r["phase"] for r in skipped] == [1] and "StandbyError" in skipped[0]["error"]
+    assert [(r["phase"], r.get("ahead", False)) for r in recs if r["kind"] == "launch"] == [
+        (0, False),
+        (1, False),
+    ]
+    s = summary(tmp_path / "run")
+    assert s["steps"] == 8 and s["ledger"]["ok"]

@@ -350,10 +350,17 @@ class Controller:
         failures = [e.step for e in rest if e.is_failure and current.until <= e.step < until]
         devices = self._place(layout, alloc, current)
         phase = self._phase(current.index + 1, layout, devices, current.until, until, failures)
-        self.launcher.launch(phase, replace(self._spec(phase), ahead=True), self.cfg.script)
+        ahead = Ahead(phase, current, (layout, devices, phase.start_step, until, phase.failures))
+        try:
+            self.launcher.launch(phase, replace(self._spec(phase), ahead=True), self.cfg.script)
+        except Exception as e:  # only an optimization: the boundary launches it (and says what fails)
+            ahead.cancel(self.launcher.release)  # the ranks it did start
+            self.timeline.write("ahead_skipped", phase=phase.index, error=f"{type(e).__name__}: {e}")
+            log.warning("phase %d not started ahead: %s", phase.index, e)
+            return None
         self.timeline.write("ahead", phase=phase.index, layout=phase.label, devices=devices,
                             step=phase.start_step, at=current.last_step)  # fmt: skip
-        return Ahead(phase, current, (layout, devices, phase.start_step, until, phase.failures))
+        return ahead
 
     def _take(
         self,

@@ -170,7 +170,10 @@ class ElasticJob:
         made: a rank whose process started late delays them all), `process_group_seconds` (from then to
         the group formed), `load_seconds`, `build_seconds` (the rest: building the model and optimizer),
         `pids`, each rank's process; for a phase started ahead, `go_at` (the last rank told to go) and
-        `build_seconds` counted from then (what was built before is not part of the restart)."""
+        `build_seconds` counted from then (what was built before is not part of the restart). A phase
+        started ahead waits for its turn here if it did not yet (PhaseCancelled when cancelled)."""
+        if not self.wait_turn():
+            raise PhaseCancelled()
         if not self._ready:
             self._ready = True
             every = _from_every_rank(self._init_at, os.getpid(), self._go_at)

@@ -424,6 +424,7 @@ class Controller:
         gone (a script's exit; a phase started ahead), not on GPUs, whose memory the old processes hold."""
         if self.cfg.train.device != "auto":
             return self.cfg.train.device == "cpu"
+        self._preload.join()  # torch is being imported in that thread
         import torch
 
         return not torch.cuda.is_available()

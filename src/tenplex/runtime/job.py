@@ -124,11 +124,11 @@ class ElasticJob:
         Other phases go at once. `resume` calls it; call it earlier to overlap more with the old layout."""
         if self._turn is None:
             self._turn = True
-            if self.ahead:
+            go, cancel = (self.spec.go_file(), self.spec.cancel_file()) if self.ahead else (None, None)
+            if go is not None and cancel is not None:
                 self.record("waiting", seconds=time.time() - self._init_at)  # built this long after start
-                go, cancel = self.spec.go_file(), self.spec.cancel_file()  # type: ignore[union-attr]
-                while not go.exists():  # type: ignore[union-attr]
-                    if cancel.exists():  # type: ignore[union-attr]
+                while not go.exists():
+                    if cancel.exists():
                         self._turn = False
                         break
                     time.sleep(TURN_POLL_S)

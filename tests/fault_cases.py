@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from launch import SRC
@@ -58,6 +59,19 @@ def finish(p: subprocess.Popen, timeout: float = 300) -> str:
     out, _ = p.communicate(timeout=timeout)
     assert p.returncode == 0, out[-4000:]
     return out
+
+
+def kill_controller_at(p: subprocess.Popen, run_dir: Path, reached: Callable[[str], bool]) -> None:
+    """SIGKILL the controller `p` once its timeline's text is `reached` (it must still run then)."""
+    timeline = run_dir / "timeline.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and p.poll() is None:
+        if timeline.exists() and reached(timeline.read_text()):
+            break
+        time.sleep(0.05)
+    assert p.poll() is None, "the job ended before the fault"
+    p.send_signal(signal.SIGKILL)
+    p.communicate()
 
 
 def records(run_dir: Path) -> list[dict]:

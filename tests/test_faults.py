@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from fault_cases import (
     check_recovered_from_newest,
     cli,
     finish,
+    kill_controller_at,
     netem_missing,
     records,
     run_job,
@@ -108,23 +108,13 @@ def test_a_rank_killed_mid_phase(tmp_path, static):
 def test_the_controller_killed_mid_reconfiguration_then_rerun(tmp_path, static):
     r = rng("controller")
     step = r.choice([4, 6, 8])
-    # before the new phase trains (once it has, see the xfail below)
     mark = r.choice(['"event": "saved"', '"event": "done"', '"kind": "launch"'])
-    need = 2 if "launch" in mark else 1  # the second launch: the new phase's ranks are starting
+    need = 2 if "launch" in mark else 1  # the second launch: the new phase is taken
     schedule = [{"step": 0, "devices": 2}, {"step": step, "devices": 3}]
     run_dir = tmp_path / "controller"
     args = run_job(run_dir, schedule)
     with Fault(f"SIGKILL of the controller at step {step}'s reconfiguration, after {mark} x{need}"):
-        p = cli(*args)
-        timeline = run_dir / "timeline.jsonl"
-        deadline = time.time() + 240
-        while time.time() < deadline and p.poll() is None:
-            if timeline.exists() and timeline.read_text().count(mark) >= need:
-                break
-            time.sleep(0.05)
-        assert p.poll() is None, "the job ended before the fault"
-        p.send_signal(signal.SIGKILL)
-        p.communicate()
+        kill_controller_at(cli(*args), run_dir, lambda text: text.count(mark) >= need)
         # every mark comes after the reconfiguration's save committed; the new phase, started ahead, was
         # told to go then and may have committed a snapshot of its own before its ranks died
         committed = newest_step(run_dir.name, [u for u, _ in stores_of(run_dir)])
@@ -145,16 +135,7 @@ def test_the_controller_killed_while_the_new_phase_trains_then_rerun(tmp_path, s
     run_dir = tmp_path / "training"
     args = run_job(run_dir, schedule)
     with Fault(f"SIGKILL of the controller once the phase after step {step}'s reconfiguration trains"):
-        p = cli(*args)
-        timeline = run_dir / "timeline.jsonl"
-        deadline = time.time() + 240
-        while time.time() < deadline and p.poll() is None:
-            if timeline.exists() and '"phase": 1, "event": "step"' in timeline.read_text():
-                break
-            time.sleep(0.05)
-        assert p.poll() is None, "the job ended before the fault"
-        p.send_signal(signal.SIGKILL)
-        p.communicate()
+        kill_controller_at(cli(*args), run_dir, lambda text: '"phase": 1, "event": "step"' in text)
         pids = [x["pid"] for x in records(run_dir) if x.get("event") == "ready" and x["phase"] == 1]
         deadline = time.time() + 30
         while time.time() < deadline and any(Path(f"/proc/{pid}").exists() for pid in pids):

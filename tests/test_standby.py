@@ -139,6 +139,28 @@ def test_the_zygote_forks_with_one_thread_after_its_warm_up(tmp_path):
         pool.close()
 
 
+def test_spares_that_end_together_all_get_their_exit_codes(tmp_path):
+    """After a failure the survivors end at once. Each spare's exit code must come back however their ends
+    interleave with the zygote's reaping (a reap in a Python signal handler lost one now and then: the
+    spare stayed a zombie without its code, and the controller waited for it forever)."""
+    script = tmp_path / "s.py"
+    script.write_text("import sys, time\nt = float(sys.argv[1])\ntime.sleep(max(0.0, t - time.time()))\n"
+                      "sys.exit(int(sys.argv[2]))\n")  # fmt: skip
+    pool = StandbyPool(tmp_path / "standby.log", dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        for round_ in range(12):
+            pool.fill(6)
+            at = time.time() + 0.3
+            roles = [pool.start({}, tmp_path / f"r{round_}-{i}.log", [str(script), str(at), str(i)])
+                     for i in range(6)]  # fmt: skip
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and any(r.poll() is None for r in roles):
+                time.sleep(0.01)
+            assert [r.poll() for r in roles] == list(range(6)), f"round {round_}: a spare's code never came"
+    finally:
+        pool.close()
+
+
 def test_a_dead_zygote_ends_its_spares_and_the_next_start_forks_from_a_new_one(tmp_path):
     import signal
 

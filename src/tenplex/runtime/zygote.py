@@ -171,46 +171,44 @@ class Zygote:
 
 # -- the zygote process --------------------------------------------------------------------------------------
 _exits: dict[int, str] = {}
+REAP_EVERY_S = 1.0  # the loop also reaps this often, whatever it was told (a safety net, not the path)
 
 
-def _reap(*_: object, block: bool = False) -> None:
+def _reap(block: bool = False) -> None:
     """Write the exit code of each spare that ended, then reap it (with `block`: wait for them all). The
     file comes first, so a spare the controller sees gone always has its code (a zombie is still there).
-    SIGCHLD is held off meanwhile: a nested call would reap a spare under this one (the zygote then died
-    on ECHILD, and its ranks with it) or before its file is written."""
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
-    try:
-        while _exits:
+    Only the zygote's loop calls it, never a signal handler: nothing reaps a spare under it."""
+    while _exits:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT | (0 if block else os.WNOHANG))
+        except ChildProcessError:
+            return
+        if info is None:
+            return
+        pid = info.si_pid
+        code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+        path = _exits.pop(pid, None)
+        if path is not None:
             try:
-                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT | (0 if block else os.WNOHANG))
-            except ChildProcessError:
-                return
-            if info is None:
-                return
-            pid = info.si_pid
-            code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
-            path = _exits.pop(pid, None)
-            if path is not None:
-                try:
-                    with open(path + ".tmp", "w") as f:
-                        f.write(f"{code}\n")
-                    os.rename(path + ".tmp", path)  # whole or not at all
-                except OSError:  # the run's directory is gone: nobody is left to ask
-                    pass
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
+                with open(path + ".tmp", "w") as f:
+                    f.write(f"{code}\n")
+                os.rename(path + ".tmp", path)  # whole or not at all
+            except OSError:  # the run's directory is gone: nobody is left to ask
                 pass
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
 
 
-def _child(request: dict[str, str], zygote: int, run: Callable[[], int]) -> None:
+def _child(request: dict[str, str], zygote: int, wakeup: tuple[int, int], run: Callable[[], int]) -> None:
     """In the fork: read roles from the request's FIFO and `run` them; never returns."""
     code = 1
     try:
+        signal.set_wakeup_fd(-1)  # the zygote's, not this process's
+        for fd in wakeup:
+            os.close(fd)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a script's own subprocesses are its to wait for
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
         die_with(zygote)
         fd = os.open(request["fifo"], os.O_RDONLY)
         os.unlink(request["fifo"])  # both ends are open: the name is not needed any more
@@ -233,21 +231,46 @@ def _child(request: dict[str, str], zygote: int, run: Callable[[], int]) -> None
 
 def serve_forks(fifos: Path, run: Callable[[], int]) -> int:
     """The zygote's loop, after its imports: one fork per request line on stdin (its pid back on stdout),
-    each child running `run`; at the end of stdin, wait for the children, then end."""
-    signal.signal(signal.SIGCHLD, _reap)
-    me = os.getpid()
-    requests = sys.stdin.buffer
-    while line := requests.readline():
-        request = json.loads(line)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # no reap before the pid is known
-        pid = os.fork()
-        if pid == 0:
-            _child(request, me, run)
-        _exits[pid] = request["exit"]
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
-        os.write(1, f"{pid}\n".encode())
+    each child running `run`; at the end of stdin, wait for the children, then end.
+
+    Spares are reaped by this loop, woken by SIGCHLD through a wakeup pipe (`signal.set_wakeup_fd`: the
+    interpreter's own handler writes a byte as the signal arrives). Reaping in a Python signal handler
+    lost spares: a child that ended while the handler ran set its flag after the interpreter had passed
+    it, and the read it went back to blocked until the next request, the spare a zombie without its exit
+    code and the controller waiting for it (a job hung after a failure whose survivors ended together)."""
+    wakeup = os.pipe()
+    for fd in wakeup:
+        os.set_blocking(fd, False)
+    signal.set_wakeup_fd(wakeup[1], warn_on_full_buffer=False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that the byte is written
+    me, stdin, pending = os.getpid(), 0, b""
+    while True:
+        ready, _, _ = select.select([stdin, wakeup[0]], [], [], REAP_EVERY_S)
+        if wakeup[0] in ready:
+            while True:
+                try:
+                    if not os.read(wakeup[0], 4096):
+                        break
+                except BlockingIOError:
+                    break
+        _reap()
+        if stdin not in ready:
+            continue
+        data = os.read(stdin, 65536)
+        if not data:
+            break
+        pending += data
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            request = json.loads(line)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                _child(request, me, wakeup, run)
+            _exits[pid] = request["exit"]  # before the loop reaps again: this loop is the only reaper
+            os.write(1, f"{pid}\n".encode())
+    signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     _reap(block=True)  # told to end: once the ranks it forked have
     for p in fifos.glob("spare*[0-9]"):  # those of spares that never opened theirs

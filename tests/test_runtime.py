@@ -542,6 +542,9 @@ def test_a_phase_started_ahead_is_cancelled_when_the_one_before_crashes_and_take
     waiting = [r["phase"] for r in recs if r.get("event") == "waiting"]
     assert waiting == [2]  # the cancelled phase's records were never taken: its directory is gone
     assert not (run_dir / "phase1" / "cancel").exists() and (run_dir / "phase2" / "go").exists()
+    # the old phase's rank 0 said go right after its final commit, before its `done` record
+    done_at = next(r["at"] for r in recs if r.get("event") == "done" and r["phase"] == 1)
+    assert (run_dir / "phase2" / "go").stat().st_mtime <= done_at
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["steps"] == 44 and s["ledger"]["ok"]
     change = s["reconfigurations"][-1]

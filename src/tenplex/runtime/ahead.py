@@ -4,9 +4,10 @@ A planned change (a scale-out, a scale-in, a layout change, a redeploy at a step
 known before it comes. Its ranks can start as soon as the current phase trains: form their process
 group, build the model, optimizer and data, and (the reference workload) rehearse one step, paying
 DTensor's per-mesh caches and the first collectives; then they wait. The current phase's final save
-commits, the controller says go (`go_file`), and only the load and the first step are left of the
-downtime. When the current phase ends otherwise (a failure, a crash), the controller cancels the phase
-(`cancel_file`): its ranks end without loading anything, and the recovery starts as any other.
+commits, its rank 0 touches the go file the controller named to it (the controller does too, on the
+`done` record), and only the load and the first step are left of the downtime. When the current phase
+ends otherwise (a failure, a crash), the controller cancels the phase (`cancel`): its ranks end without
+loading anything, and the recovery starts as any other.
 
 The controller plans the phase with the same steps it would take at the boundary, on a preview of the
 allocation, and takes it only if the boundary's own plan is the same (`matches`); a phase told to go is
@@ -20,6 +21,7 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..util import logs
 from .phase import Phase
@@ -34,15 +36,31 @@ class Ahead:
     phase: Phase  # started, its ranks waiting for their turn
     after: Phase  # the phase whose final save it starts from
     plan: tuple  # what it was started as: (layout, devices, start step, until, failures)
-    go_given: bool = False
 
     def matches(self, plan: tuple) -> bool:
         return plan == self.plan
 
+    @property
+    def go_file(self) -> Path:
+        return self.phase.dir / "go"
+
+    @property
+    def go_given(self) -> bool:
+        """Whether the ranks were told to go: by `go`, or by the old phase's rank 0 right after its final
+        commit (`name_go`); read once the old phase's ranks have ended, so it cannot change after."""
+        return self.go_file.exists()
+
+    def name_go(self) -> None:
+        """Tell the old phase's ranks which file says go (`WorkerSpec.next_file`), written whole."""
+        tmp = self.after.dir / "next.tmp"
+        tmp.write_text(f"{self.go_file}\n")
+        tmp.rename(self.after.dir / "next")
+
     def go(self) -> None:
-        """The state to start from is committed: the ranks load it and train."""
-        (self.phase.dir / "go").touch()
-        self.go_given = True
+        """The state to start from is committed: the ranks load it and train (if rank 0 of the old phase
+        has not said so already: the file keeps the time of the first word)."""
+        if not self.go_given:
+            self.go_file.touch()
 
     def cancel(self, release: Callable[[Role], None]) -> None:
         """The ranks end without loading (they wait for their turn, or reach the wait soon); those that do

@@ -358,6 +358,7 @@ class Controller:
             self.timeline.write("ahead_skipped", phase=phase.index, error=f"{type(e).__name__}: {e}")
             log.warning("phase %d not started ahead: %s", phase.index, e)
             return None
+        ahead.name_go()
         self.timeline.write("ahead", phase=phase.index, layout=phase.label, devices=devices,
                             step=phase.start_step, at=current.last_step)  # fmt: skip
         return ahead

@@ -107,6 +107,11 @@ class WorkerSpec:
         """Started ahead: the file the controller creates when this phase will not run after all."""
         return Path(self.out) / "cancel" if self.out else None
 
+    def next_file(self) -> Path | None:
+        """Where the controller names the go file of the phase it started ahead after this one: rank 0
+        touches that file once this phase's final save committed (the controller would, a poll later)."""
+        return Path(self.out) / "next" if self.out else None
+
     def rank_env(self, path: Path) -> dict[str, str]:
         """The variables that hand this spec and its placement to a rank process."""
         env = {SPEC: str(path), JOB: self.job}

@@ -18,6 +18,19 @@ settings.register_profile("explore", print_blob=True)
 settings.load_profile("ci" if os.environ.get("CI") else "explore")
 
 
+@pytest.fixture(autouse=True)
+def no_store_outlives_a_test(request):
+    """A `tenplex run` that failed, hung or was killed leaves its stores up for a rerun, with their shared
+    memory: after every test that had a `tmp_path`, the stores logged under it that still answer as the
+    process they logged are stopped (they remove their shared memory on SIGTERM)."""
+    yield
+    tmp = request.node.funcargs.get("tmp_path")
+    if tmp is not None:
+        from fault_cases import stop_stores
+
+        stop_stores(tmp)
+
+
 @pytest.fixture(scope="module")
 def store():
     """One store daemon per test module (512 MiB; a module may define its own `store` instead): the

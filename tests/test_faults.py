@@ -59,13 +59,6 @@ def tally(request):
     print(line)
 
 
-@pytest.fixture(autouse=True)
-def no_store_outlives_a_case(tmp_path):
-    """A case that failed leaves its run's stores up (as a failed `tenplex run` does, for a rerun)."""
-    yield
-    stop_stores(tmp_path)
-
-
 @pytest.fixture(scope="module")
 def static(tmp_path_factory) -> dict:
     """The same steps on one device, no fault: the losses every faulted run must match."""

@@ -97,20 +97,24 @@ class WorkerSpec:
 
     def fired_file(self, step: int) -> Path | None:
         """The file the controller creates once the failure due at `step` hit (or had nothing to hit)."""
-        return Path(self.out) / f"fired-{step}" if self.out else None
+        return self._phase_file(f"fired-{step}")
 
     def go_file(self) -> Path | None:
-        """Started ahead: the file the controller creates once the state to start from is committed."""
-        return Path(self.out) / "go" if self.out else None
+        """Started ahead: the file that says the state to start from is committed."""
+        return self._phase_file("go")
 
     def cancel_file(self) -> Path | None:
         """Started ahead: the file the controller creates when this phase will not run after all."""
-        return Path(self.out) / "cancel" if self.out else None
+        return self._phase_file("cancel")
 
     def next_file(self) -> Path | None:
         """Where the controller names the go file of the phase it started ahead after this one: rank 0
         touches that file once this phase's final save committed (the controller would, a poll later)."""
-        return Path(self.out) / "next" if self.out else None
+        return self._phase_file("next")
+
+    def _phase_file(self, name: str) -> Path | None:
+        """A file of the phase's directory, through which the controller and the ranks signal each other."""
+        return Path(self.out) / name if self.out else None
 
     def rank_env(self, path: Path) -> dict[str, str]:
         """The variables that hand this spec and its placement to a rank process."""

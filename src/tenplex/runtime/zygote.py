@@ -16,6 +16,7 @@ itself is `python -m tenplex.runtime.standby` (its imports, and what a spare run
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -247,12 +248,9 @@ def serve_forks(fifos: Path, run: Callable[[], int]) -> int:
     while True:
         ready, _, _ = select.select([stdin, wakeup[0]], [], [], REAP_EVERY_S)
         if wakeup[0] in ready:
-            while True:
-                try:
-                    if not os.read(wakeup[0], 4096):
-                        break
-                except BlockingIOError:
-                    break
+            with contextlib.suppress(BlockingIOError):  # drained: the bytes only said "look"
+                while os.read(wakeup[0], 4096):
+                    pass
         _reap()
         if stdin not in ready:
             continue

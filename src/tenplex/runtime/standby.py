@@ -148,7 +148,7 @@ def _become(role: dict[str, Any], previous: set[str]) -> int:
 
 def preload() -> None:
     """What a rank would otherwise import while the job waits (each a second or so), and DTensor's one-time
-    costs (`train.warmup`: 0.2-0.3 s of a rank's first tensor-parallel build and step)."""
+    costs (`train.warmup`: some 0.05 s of a rank's first tensor-parallel build and step)."""
     import torch
     import torch.distributed.checkpoint
     import torch.distributed.fsdp

@@ -94,3 +94,24 @@ def test_spawn_reports_the_failing_rank_instead_of_hanging() -> None:
         spawn(_fail, 1)
     with pytest.raises(LaunchError, match=r"rank 0 failed: .*(pickle|Pickl)"):
         spawn(_unpicklable, 1)
+
+
+CHOICES = [("auto", 0, 1, False), ("auto", 1, 1, True), ("auto", 1, 2, False), ("auto", 8, 8, True),
+           ("cpu", 8, 1, False), ("cuda", 1, 4, True)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("device", "gpus", "local", "want"), CHOICES)
+def test_auto_takes_gpus_only_when_every_local_rank_gets_one(monkeypatch, capsys, device, gpus, local, want):
+    """Found on a 1-GPU machine: `tenplex train --dp 2` (auto) put both ranks on cuda:0, and the second
+    failed with an invalid device ordinal."""
+    import torch
+
+    from tenplex.transformer import world
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(world, "_told_cpu", [])
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local))
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert world.use_cuda(device) is want
+    assert ("on the CPU" in capsys.readouterr().err) is (device == "auto" and 0 < gpus < local)

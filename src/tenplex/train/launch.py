@@ -1,5 +1,8 @@
 """Spawn a local process group: `spawn(fn, world, *args)` runs fn(*args) in `world` gloo/nccl ranks.
 
+The backend follows the device asked for (`device`, as `TrainConfig.device`), not whether CUDA happens to
+exist: CPU work on a GPU machine stays on gloo (NCCL would put every rank on the one GPU and refuse).
+
 Why not `torch.multiprocessing.spawn`: we need a free port chosen here, the results of every rank back in
 the parent, and the first failing rank's error (not a hang of the others) reported as the failure.
 """
@@ -11,7 +14,6 @@ import pickle
 import queue
 import traceback
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import torch.multiprocessing as mp
@@ -34,11 +36,15 @@ def report(value: Any) -> None:
         _CHANNEL.put((-1, "progress", value))
 
 
-def _entry(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple, results: Any) -> None:
+def _entry(
+    rank: int, world: int, port: int, device: str, fn: Callable[..., Any], args: tuple, results: Any
+) -> None:
     import sys
 
     import torch
     import torch.distributed as dist
+
+    from ..transformer.world import init_distributed
 
     global _CHANNEL
     _CHANNEL = results
@@ -46,8 +52,7 @@ def _entry(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple
     os.environ.update(rank_env(rank, world, port), LOCAL_WORLD_SIZE=str(world))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     try:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(minutes=5))
+        init_distributed(device)
         out = fn(*args)
         pickle.dumps(out)  # fail here, reported, rather than silently in the queue's feeder thread
         results.put((rank, "ok", out))
@@ -62,10 +67,15 @@ def _entry(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple
 
 
 def spawn(
-    fn: Callable[..., Any], world: int, *args: Any, on_progress: Callable[[Any], None] | None = None
+    fn: Callable[..., Any],
+    world: int,
+    *args: Any,
+    on_progress: Callable[[Any], None] | None = None,
+    device: str = "cpu",
 ) -> list[Any]:
     """Run `fn(*args)` in `world` fresh ranks; return every rank's result, ordered by rank.
 
+    `device`: cpu (gloo), cuda (NCCL, a GPU per local rank) or auto (cuda where there is one).
     `fn` must be importable by name (a module-level function); what it passes to `report()` reaches
     `on_progress` in the parent while the ranks run.
     """
@@ -73,7 +83,7 @@ def spawn(
     results = ctx.Queue()
     port = free_port()
     procs = [
-        ctx.Process(target=_entry, args=(r, world, port, fn, args, results), daemon=False)
+        ctx.Process(target=_entry, args=(r, world, port, device, fn, args, results), daemon=False)
         for r in range(world)
     ]
     for p in procs:
@@ -121,4 +131,4 @@ def _train_rank(cfg: Any) -> list[Any]:
 
 def train_locally(cfg: Any, on_step: Callable[[Any], None] | None = None) -> list[Any]:
     """Train `cfg` (a `TrainConfig`) in dp*tp*pp local ranks; rank 0's per-step metrics, in order."""
-    return spawn(_train_rank, cfg.layout.world, cfg, on_progress=on_step)[0]
+    return spawn(_train_rank, cfg.layout.world, cfg, on_progress=on_step, device=cfg.device)[0]

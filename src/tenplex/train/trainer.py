@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from ..data import Corpus, CorpusError, ElasticSampler, TokenWindows, build_corpus, split_bounds
 from ..ptc.layout import LayoutError
-from ..transformer.world import init_distributed
+from ..transformer.world import init_distributed, use_cuda
 from .config import TrainConfig, add_train_args, config_from_args
 from .metrics import MetricsWriter, StepMetrics
 from .optim import build_optimizer, build_scheduler
@@ -39,9 +39,7 @@ from .state import job_state, load_job_state
 
 
 def _device(kind: str) -> torch.device:
-    if kind == "auto":
-        kind = "cuda" if torch.cuda.is_available() else "cpu"
-    if kind == "cuda":
+    if use_cuda(kind):
         idx = int(os.environ.get("LOCAL_RANK", dist.get_rank() % max(1, torch.cuda.device_count())))
         torch.cuda.set_device(idx)
         return torch.device("cuda", idx)

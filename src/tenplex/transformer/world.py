@@ -78,6 +78,29 @@ def background_group(group: Group = None) -> Group:
     return dist.new_group(ranks=ranks, backend="gloo", use_local_synchronization=True)
 
 
+_told_cpu: list[bool] = []  # the notice that `auto` stays on the CPU, given once per process
+
+
+def use_cuda(device: str) -> bool:
+    """Whether ranks asking for `device` (auto, cpu, cuda) run on GPUs. `auto` means a GPU for each local
+    rank (LOCAL_WORLD_SIZE): with fewer, NCCL would put two ranks on one GPU and refuse, so the ranks stay
+    on the CPU, and local rank 0 says so once."""
+    import os
+    import sys
+
+    import torch
+
+    if device != "auto":
+        return device == "cuda"
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if 0 < gpus < local and os.environ.get("LOCAL_RANK", "0") == "0" and not _told_cpu:
+        _told_cpu.append(True)
+        print(f"tenplex: {local} local ranks, {gpus} GPU(s): on the CPU (--device cuda needs a GPU per rank)",
+              file=sys.stderr)  # fmt: skip
+    return gpus >= local
+
+
 def init_distributed(device: str = "auto") -> None:
     """The default group from the torchrun-style environment (RANK, WORLD_SIZE, MASTER_*), if not made yet:
     NCCL on this rank's GPU (LOCAL_RANK) when CUDA is there and wanted, else gloo. For any training script
@@ -89,7 +112,7 @@ def init_distributed(device: str = "auto") -> None:
 
     if active():
         return
-    cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    cuda = use_cuda(device)
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     master, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")

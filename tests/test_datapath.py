@@ -207,6 +207,32 @@ def test_cuda_state_is_staged_through_reused_pinned_buffers_before_the_next_kern
     again.release()
 
 
+@pytest.mark.skipif(
+    not __import__("torch").cuda.is_available(), reason="needs a CUDA device (CI and this machine have none)"
+)
+def test_gpu_state_round_trips_through_the_store_bit_for_bit_onto_either_device():
+    import torch
+
+    import tenplex
+
+    with start_store(memory_limit="512MiB") as s:
+        gpu = {"w": torch.randn(513, 1000, device="cuda"), "b": torch.randn(77, device="cuda").bfloat16(),
+               "odd": torch.randn(64, 96, device="cuda").t(), "step": 3}  # fmt: skip
+        want = {k: v.clone() for k, v in gpu.items() if k != "step"}
+        handle = tenplex.save(gpu, job="gpu", step=1, store=s.url, async_save=True)
+        for k in want:  # the next step's kernels, queued before the copies are done
+            gpu[k].mul_(-1)
+        handle.wait()
+        cpu = {k: v.cpu() for k, v in want.items()} | {"step": 7}
+        tenplex.save(cpu, job="cpu", step=1, store=s.url)
+        for job, device, expect in (("gpu", "cuda", want), ("gpu", "cpu", cpu), ("cpu", "cuda", want)):
+            target = {k: torch.zeros_like(v, device=device) for k, v in want.items()} | {"step": 0}
+            tenplex.load(target, job=job, store=s.url)
+            assert all(target[k].device.type == device for k in want), job
+            assert all(torch.equal(target[k].cpu(), expect[k].cpu()) for k in want), (job, device)
+            assert target["step"] == (3 if job == "gpu" else 7)
+
+
 def test_many_blobs_are_written_with_one_allocate_and_one_seal_request_all_or_none():
     from tenplex.store import BadRequestError, NotFoundError
 

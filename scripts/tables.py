@@ -202,6 +202,31 @@ def reconfig_after(doc: dict) -> str:
     return out + "\n"
 
 
+SNAPSHOT = (
+    ("snapshot every", key("snapshot_every")),
+    ("tokens/s", key("tokens/s", lambda v: f"{v:,.0f}")),
+    ("overhead %", key("overhead %", lambda v: num(v, 2))),
+    ("median overhead %", key("median overhead %", lambda v: num(v, 2))),
+    ("CPU overhead %", key("cpu overhead %", lambda v: num(v, 2))),
+    ("snapshots", key("snapshots")),
+    ("stall ms (median)", key("stall ms (median)", lambda v: num(v, 1))),
+    ("target", key("target")),
+    ("ok", key("ok")),
+)
+
+
+def on_device(doc: dict) -> str:
+    """Under a table measured on a GPU machine: which device, torch and the copy engine's bandwidth."""
+    facts = [f"device: {doc.get('device', 'cuda')}"]
+    if "torch" in doc:
+        facts.append(f"torch {doc['torch']}")
+    if "d2h_gbps" in doc:
+        facts.append(f"pinned copies {doc['d2h_gbps']:.1f} GB/s to the host, {doc['h2d_gbps']:.1f} GB/s back")
+    if doc.get("bad") == []:
+        facts.append("every load equal bit for bit")
+    return "\n" + "; ".join(facts) + ".\n"
+
+
 TABLES: dict[str, Table] = {
     "demo": Table(
         "demo.json",
@@ -313,20 +338,27 @@ TABLES: dict[str, Table] = {
             "cross_s cross_bound_s x_cross_bound"
         ),
     ),
-    "snapshot": Table(
-        "bench_snapshot.json",
-        "python benchmarks/bench_snapshot.py",
-        (
-            ("snapshot every", key("snapshot_every")),
-            ("tokens/s", key("tokens/s", lambda v: f"{v:,.0f}")),
-            ("overhead %", key("overhead %", lambda v: num(v, 2))),
-            ("median overhead %", key("median overhead %", lambda v: num(v, 2))),
-            ("CPU overhead %", key("cpu overhead %", lambda v: num(v, 2))),
-            ("snapshots", key("snapshots")),
-            ("stall ms (median)", key("stall ms (median)", lambda v: num(v, 1))),
-            ("target", key("target")),
-            ("ok", key("ok")),
+    "snapshot": Table("bench_snapshot.json", "python benchmarks/bench_snapshot.py", SNAPSHOT),
+    "snapshot-cuda": Table(
+        "bench_snapshot_cuda.json",
+        "python benchmarks/bench_snapshot.py --device cuda --dp 1 --out results/bench_snapshot_cuda.json",
+        SNAPSHOT,
+        after=on_device,
+    ),
+    "cuda": Table(
+        "bench_cuda.json",
+        "python benchmarks/bench_cuda.py --size 2",
+        plain("op tenplex_s dcp_shm_s x_dcp_shm x_floor first_tenplex_s first_dcp_shm_s first_x_dcp_shm"),
+        after=on_device,
+    ),
+    "reconfig-gpu-host": Table(
+        "bench_reconfig_gpu_host.json",
+        f"{RECONFIG} --out results/bench_reconfig_gpu_host.json",
+        plain(
+            "change hosts save_s load_s total_s dcp_shm_total_s x_dcp_shm dcp_disk_total_s x_dcp_disk "
+            "x_floor first_total_s x_dcp_shm_first"
         ),
+        after=reconfig_after,
     ),
     "train": Table(
         "bench_train_small.json",

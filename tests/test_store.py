@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -827,3 +828,31 @@ def test_a_blob_larger_than_every_pooled_file_takes_the_pages_of_smaller_ones(re
             np.testing.assert_array_equal(got, big)
             np.testing.assert_array_equal(kept, keep)
         c.delete_job(job)
+
+
+def test_a_store_tied_to_a_script_goes_with_its_memory_when_the_script_crashes(tmp_path):
+    """Found by a profiling script that raised before stopping its store: the store (and its shared
+    memory) stayed up after the script was gone. Stores started with a `log` outlive their starter by
+    design (the runtime's); `start_store()` without one belongs to its starter."""
+    script = (
+        "import os, sys\n"
+        "from tenplex.store import start_store\n"
+        "sp = start_store(memory_limit='8MiB')\n"
+        "c = sp.client()\n"
+        "import numpy as np\n"
+        "c.write_blobs('j', 1, [('w', np.ones(1000), None)])\n"
+        "print(sp.proc.pid, sp.shm_dir, flush=True)\n"
+        "os._exit(1)  # no stop, no atexit: as a crash leaves it\n"
+    )
+    with open(tmp_path / "err", "w") as err:  # not a pipe: a store left behind would hold it open
+        done = subprocess.run([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=err, text=True,
+                              timeout=60)  # fmt: skip
+    assert done.stdout.strip(), (tmp_path / "err").read_text()
+    pid, shm = done.stdout.split()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}"):
+        time.sleep(0.05)
+    stat = Path(f"/proc/{pid}/stat")
+    gone = not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"  # ended, not yet reaped
+    assert gone, "the store outlived the script that started it"
+    assert not os.path.exists(shm), f"the store left {shm} behind"

@@ -73,6 +73,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--huge-pages", choices=("auto", "on", "off"), default="auto", help=huge)
     reserve = "memory taken at start for the first snapshots' pages (e.g. 2GiB; default 0)"
     p.add_argument("--reserve", default="0", help=reserve)
+    parent = "stop (removing its memory) once PID, the process that started it, is gone"
+    p.add_argument("--with-parent", type=int, default=None, metavar="PID", help=parent)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -93,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    if args.with_parent is not None:
+        _stop_with_parent(args.with_parent)
     freeze_imports()  # a full collection stalls every request thread: it walks the daemon's own objects only
     try:
         print(f"tenplex store listening on {d.url} (pid {os.getpid()})", flush=True)
@@ -102,6 +106,20 @@ def run(args: argparse.Namespace) -> int:
     finally:
         d.close()
     return 0
+
+
+def _stop_with_parent(pid: int, every: float = 0.2) -> None:
+    """SIGTERM this daemon, as `kill` would, once its parent `pid` ended (it is then reparented): a store
+    tied to a script or test goes, with its shared memory, when that one crashes instead of stopping it."""
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == pid:
+            time.sleep(every)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="with-parent", daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> int:

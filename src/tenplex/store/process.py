@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -96,7 +97,8 @@ def start_store(
     """Launch `python -m tenplex.store` on `port` (0: a free one) and wait until it answers.
 
     With `log`, the daemon writes to that file in a session of its own, so it outlives its starter (the
-    runtime's stores survive a controller crash and are found again by the next controller)."""
+    runtime's stores survive a controller crash and are found again by the next controller). Without, it
+    is tied to this process and stops, removing its shared memory, when this one ends, a crash included."""
     cmd = [sys.executable, "-m", "tenplex.store", "--host", host, "--port", str(port),
            "--memory-limit", memory_limit, "--replicas", str(replicas)]  # fmt: skip
     if token_file:
@@ -105,7 +107,8 @@ def start_store(
         cmd += ["--peers", ",".join(peers)]
     cmd += extra or []
     line: list[str] = []
-    if log is None:
+    if log is None:  # tied to this process: it goes when this one ends, however that happens
+        cmd += ["--with-parent", str(os.getpid())]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
         reader = threading.Thread(target=lambda: line.append(proc.stdout.readline() if proc.stdout else ""))
         reader.daemon = True

@@ -25,6 +25,7 @@ import argparse
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from common import print_rows, write_results
@@ -100,30 +101,24 @@ def one_round(state: dict, rnd: int, store: str, shm: Path, device: str, bad: li
             if hasattr(v, "mul_"):
                 v.mul_(-1)
 
-    # tenplex snapshot: stall = the call + until the training stream may run its next kernels
-    sync(device)
-    t0 = time.perf_counter()
-    handle = tenplex.save(state, job="bench-cuda", step=2 * rnd + 1, store=store, async_save=True, keep=2)
-    out["tenplex_call"] = time.perf_counter() - t0
-    change()
-    sync(device)
-    out["tenplex_stall"] = time.perf_counter() - t0
-    handle.wait()
-    out["tenplex_commit"] = time.perf_counter() - t0
-    change()  # back to the snapshot's values
+    def snapshot(lib: str, start: Callable[[], Callable[[], object]]) -> None:
+        """`start` begins the snapshot and returns what waits for its commit. The stall is the call plus
+        the wait until the training stream may run its next kernels, which the change queues at once."""
+        sync(device)
+        t0 = time.perf_counter()
+        finish = start()
+        out[f"{lib}_call"] = time.perf_counter() - t0
+        change()
+        sync(device)
+        out[f"{lib}_stall"] = time.perf_counter() - t0
+        finish()
+        out[f"{lib}_commit"] = time.perf_counter() - t0
+        change()  # back to the snapshot's values
 
-    # DCP's asynchronous save to /dev/shm, timed the same way
-    target = shm / f"async-{rnd}"
-    sync(device)
-    t0 = time.perf_counter()
-    future = dcp.async_save(state, checkpoint_id=str(target))
-    out["dcp_call"] = time.perf_counter() - t0
-    change()
-    sync(device)
-    out["dcp_stall"] = time.perf_counter() - t0
-    future.result()
-    out["dcp_commit"] = time.perf_counter() - t0
-    change()
+    snapshot("tenplex", lambda: tenplex.save(state, job="bench-cuda", step=2 * rnd + 1, store=store,
+                                             async_save=True, keep=2).wait)  # fmt: skip
+    target = shm / f"async-{rnd}"  # DCP's asynchronous save to /dev/shm, timed the same way
+    snapshot("dcp", lambda: dcp.async_save(state, checkpoint_id=str(target)).result)
     shutil.rmtree(target)
 
     out["tenplex_save"] = timed(
@@ -132,7 +127,8 @@ def one_round(state: dict, rnd: int, store: str, shm: Path, device: str, bad: li
     target = shm / f"sync-{rnd}"
     out["dcp_save"] = timed(lambda: dcp.save(state, checkpoint_id=str(target)), device)
 
-    loaders = {"tenplex": lambda dest: tenplex.load(dest, job="bench-cuda", store=store),
+    # tenplex loads the asynchronous snapshot, the one the change raced against
+    loaders = {"tenplex": lambda dest: tenplex.load(dest, job="bench-cuda", step=2 * rnd + 1, store=store),
                "dcp": lambda dest: dcp.load(dest, checkpoint_id=str(target))}  # fmt: skip
     for lib, load in loaders.items():
         dest = {k: torch.zeros_like(v) for k, v in want.items()} | {"step": -1}

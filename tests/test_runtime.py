@@ -589,6 +589,29 @@ def test_a_script_started_ahead_waits_for_its_turn_and_ends_cleanly_when_cancell
             assert r.returncode == 0 and "resumed" in r.stdout, r.stderr
 
 
+AT_EXIT = """
+import atexit, os, sys
+import torch.distributed as dist
+from tenplex.transformer.world import init_distributed
+
+atexit.register(lambda: print("at exit, group alive:", dist.is_initialized(), flush=True))  # runs last
+os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+init_distributed("cpu")
+print("group alive:", dist.is_initialized(), flush=True)
+"""
+
+
+def test_the_group_tenplex_made_is_destroyed_before_the_interpreter_exits():
+    """A script that ends without destroy_process_group must not leave the gloo group to the interpreter's
+    teardown, where it can abort a cleanly ended process."""
+    from tenplex.util import free_port
+
+    r = subprocess.run([sys.executable, "-c", AT_EXIT, str(free_port())], capture_output=True, text=True,
+                       timeout=60, env=dict(os.environ, PYTHONPATH=SRC))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["group alive: True", "at exit, group alive: False"], r.stdout + r.stderr
+
+
 @pytest.mark.dist
 def test_ranks_that_cannot_be_started_ahead_are_started_at_the_boundary(tmp_path):
     """Starting a phase ahead is an optimization: when its ranks cannot be started (here the launcher

@@ -5,6 +5,7 @@ Every call takes the group the job's ranks form (None: the default group), like 
 
 from __future__ import annotations
 
+import atexit
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -120,3 +121,13 @@ def init_distributed(device: str = "auto") -> None:
     if master and port.isdigit() and os.environ.get("RANK", "0") != "0" and not agent_store:
         wait_listening(master, int(port), timeout=60.0)  # else init's own retries take over
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=10))
+    atexit.register(_destroy_at_exit)
+
+
+def _destroy_at_exit() -> None:
+    """The group made here goes before the interpreter does: a gloo group left to the interpreter's
+    teardown can abort the process ("terminate called without an active exception") after a clean end,
+    when its C++ threads release Python objects too late (seen once in CI, a script that ended without
+    destroying it)."""
+    if active():
+        dist.destroy_process_group()

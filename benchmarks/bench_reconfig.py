@@ -19,7 +19,11 @@ TENPLEX_EMULATED_HOSTS=1), one 4-rank gloo world measures in the same run on the
 - (d) the floor: (saved + kept + same-host + relayed bytes) / memcpy bandwidth + the plan's cross-host lower
   bound / raw-socket bandwidth, both bandwidths measured in this run, before and after the cases, the
   better of the two counting (single-threaded `np.copyto` of 256 MiB into paged-in memory, best of 5; one
-  loopback TCP stream of 256 MiB, 4 MiB sendall / recv_into a preallocated buffer, best of 3).
+  loopback TCP stream of 256 MiB, 4 MiB sendall / recv_into a preallocated buffer, best of 3);
+- (e) the verified floor: the floor + every byte a load reads from a store (kept + same-host + relayed +
+  cross-host) / checksum bandwidth (xxh3 of 1 MiB chunks of 256 MiB of paged-in memory, one thread, best
+  of 5, measured like the others): a load writes only bytes it checked (docs/store.md), so this is the cost
+  of the bytes moved and checked once; the save's checksums, taken from cache as it copies, are left out.
 
 Before the timed cases an untimed warm-up runs the whole sequence once on a tiny model, with 1 and 2 hosts.
 `--repeat N` runs each case N times (fresh job each time) and keeps the best repetition per measurement.
@@ -32,8 +36,9 @@ Ratios: `x_dcp_disk` = DCP disk (save + warm load) / tenplex (save + load), like
 `x_dcp_tenplex` (DCP's planner on tenplex's stores, through tenplex.dcp), `x_central` = central mode's
 (save into host A + load from it) / tenplex's (save + load) and `x_central_load` = (tenplex's save + the
 load through host A) / tenplex (> 1: tenplex is faster); `x_floor` = tenplex / floor (>= 1; 1 would be at
-the floor). `first_total_s`, `x_dcp_shm_first`, `x_dcp_disk_first`: the first repetition alone, tenplex and
-DCP alike (what `--repeat 1` measures: a job's first reconfiguration).
+the floor), `x_floor_verified` = tenplex / the verified floor. `first_total_s`, `x_dcp_shm_first`,
+`x_dcp_disk_first`: the first repetition alone, tenplex and DCP alike (what `--repeat 1` measures: a
+job's first reconfiguration).
 
     python benchmarks/bench_reconfig.py                # ~1.2 GB of state, 2 repetitions: about 7-8 minutes
     python benchmarks/bench_reconfig.py --repeat 1     # about 4 minutes
@@ -77,6 +82,7 @@ from common import print_rows, write_results
 from tenplex.ptc.gpt import GPTConfig
 from tenplex.runtime import netns
 from tenplex.store import start_store
+from tenplex.store.checksum import chunk_digests
 from tenplex.util import free_port
 from tenplex.util.format import human_bytes
 from tenplex.util.ranks import RanksFailed, run_local
@@ -125,6 +131,14 @@ def memcpy_bandwidth(nbytes: int = 256 << 20, repeat: int = 5) -> float:
     a = np.ones(nbytes, np.uint8)
     b = np.ones(nbytes, np.uint8)  # paged in
     best = min(_time(lambda: np.copyto(b, a)) for _ in range(repeat))
+    return nbytes / best
+
+
+def hash_bandwidth(nbytes: int = 256 << 20, repeat: int = 5) -> float:
+    """The reader's checksum pass as a load runs it: xxh3 of every 1 MiB chunk of paged-in memory, one
+    thread, best of `repeat`."""
+    data = memoryview(np.ones(nbytes, np.uint8))
+    best = min(_time(lambda: chunk_digests(data)) for _ in range(repeat))
     return nbytes / best
 
 
@@ -322,7 +336,9 @@ def paths(per_rank: list[dict]) -> dict:
             "huge_pages": all(p["huge_pages"] for p in seen)}  # fmt: skip
 
 
-def summarise(ranks: list[dict], mem_bw: float, sock_bw: float, shaped_bw: float | None = None) -> dict:
+def summarise(
+    ranks: list[dict], mem_bw: float, sock_bw: float, hash_bw: float, shaped_bw: float | None = None
+) -> dict:
     case = ranks[0]["case"]
     reps = [[r["reps"][i] for r in ranks] for i in range(len(ranks[0]["reps"]))]
     per_rank = reps[0]
@@ -346,6 +362,9 @@ def summarise(ranks: list[dict], mem_bw: float, sock_bw: float, shaped_bw: float
         floor = local / mem_bw + busiest / shaped_bw
     else:
         floor = local / mem_bw + plan["cross_host_lower_bound"] / sock_bw
+    # a load writes only bytes it checked: every byte read from a store is hashed once on its way
+    checked = moved["kept"] + moved["same_host"] + moved["relayed"] + moved["cross_host"]
+    floor_verified = floor + checked / hash_bw
     row = {
         "change": case["name"],
         "src": "x".join(map(str, case["src"])),
@@ -370,6 +389,8 @@ def summarise(ranks: list[dict], mem_bw: float, sock_bw: float, shaped_bw: float
         "x_central": (central_save + central) / total,
         "x_central_load": (save + central_local) / total,
         "x_floor": total / floor,
+        "floor_verified_s": floor_verified,
+        "x_floor_verified": total / floor_verified,
         "reps": {
             "save_s": each_rep(reps, "save"),
             "load_s": each_rep(reps, "load"),
@@ -559,8 +580,9 @@ def main() -> None:
         raise SystemExit(f"{disk_root} is on {disk_kind}, not a disk: pass --disk-dir")
     print(f"model {model}: {cfg.param_count() / 1e6:.1f}M params, {cfg.param_count() * 12 / 1e9:.2f} GB "
           f"of params + AdamW moments; DCP disk dir on {disk_kind}", flush=True)  # fmt: skip
-    mem_bw, sock_bw = memcpy_bandwidth(), socket_bandwidth()
-    print(f"floor: memcpy {mem_bw / 1e9:.2f} GB/s, loopback socket {sock_bw / 1e9:.2f} GB/s", flush=True)
+    mem_bw, sock_bw, hash_bw = memcpy_bandwidth(), socket_bandwidth(), hash_bandwidth()
+    print(f"floor: memcpy {mem_bw / 1e9:.2f} GB/s, loopback socket {sock_bw / 1e9:.2f} GB/s, checksums "
+          f"{hash_bw / 1e9:.2f} GB/s", flush=True)  # fmt: skip
 
     disk = Path(tempfile.mkdtemp(prefix="tenplex-bench-dcp-", dir=disk_root))
     shm = Path(tempfile.mkdtemp(prefix="tenplex-bench-dcp-", dir="/dev/shm"))
@@ -574,11 +596,12 @@ def main() -> None:
         for d in (disk, shm):
             subprocess.run(["rm", "-rf", str(d)], check=False)
     wall = time.perf_counter() - started
-    mem_bw_after, sock_bw_after = memcpy_bandwidth(), socket_bandwidth()
+    mem_bw_after, sock_bw_after, hash_bw_after = memcpy_bandwidth(), socket_bandwidth(), hash_bandwidth()
     # the floor takes the better of the two measurements (the machine is shared and noisy)
     floor_mem, floor_sock = max(mem_bw, mem_bw_after), max(sock_bw, sock_bw_after)
+    floor_hash = max(hash_bw, hash_bw_after)
     rows = [
-        summarise([r[i] for r in run["per_rank"]], floor_mem, floor_sock, run.get("shaped_bw"))
+        summarise([r[i] for r in run["per_rank"]], floor_mem, floor_sock, floor_hash, run.get("shaped_bw"))
         for run in runs
         for i in range(len(run["cases"]))
     ]
@@ -590,14 +613,15 @@ def main() -> None:
         rows,
         ["change", "src", "dst", "hosts", "save_s", "load_s", "total_s", "kept_GB", "same_host_GB",
          "relayed_GB", "cross_GB", "cross_lb_GB", "x_dcp_disk", "x_dcp_disk_cold", "x_dcp_shm",
-         "x_dcp_tenplex", "x_central", "x_central_load", "x_floor", "x_dcp_shm_first", "x_dcp_disk_first"],
+         "x_dcp_tenplex", "x_central", "x_central_load", "x_floor", "x_floor_verified", "x_dcp_shm_first",
+         "x_dcp_disk_first"],
     )  # fmt: skip
     print_rows(
         "baselines (s)",
         rows,
         ["change", "hosts", "dcp_disk_save_s", "dcp_disk_load_s", "dcp_disk_load_cold_s", "dcp_shm_save_s",
          "dcp_shm_load_s", "dcp_tenplex_save_s", "dcp_tenplex_load_s", "central_save_s", "central_load_s",
-         "central_local_load_s", "floor_s"],
+         "central_local_load_s", "floor_s", "floor_verified_s"],
     )  # fmt: skip
     print_breakdown(rows)
     if args.network == "netns":
@@ -625,6 +649,8 @@ def main() -> None:
         "socket_GBps": sock_bw / 1e9,
         "memcpy_GBps_after": mem_bw_after / 1e9,
         "socket_GBps_after": sock_bw_after / 1e9,
+        "checksum_GBps": hash_bw / 1e9,
+        "checksum_GBps_after": hash_bw_after / 1e9,
         "dcp_disk_fs": disk_kind,
         "wall_s": wall,
         "repeat": args.repeat,

@@ -292,6 +292,7 @@ TABLES: dict[str, Table] = {
             ("x_central", central("x_central")),
             ("x_central_load", central("x_central_load")),
             ("x_floor", key("x_floor")),
+            ("x_floor_verified", key("x_floor_verified")),
         ),
     ),
     "reconfig-target": Table(
@@ -299,7 +300,7 @@ TABLES: dict[str, Table] = {
         RECONFIG,
         plain(
             "change hosts save_s load_s total_s dcp_shm_total_s x_dcp_shm dcp_disk_total_s x_dcp_disk "
-            "x_floor first_total_s x_dcp_shm_first"
+            "x_floor x_floor_verified first_total_s x_dcp_shm_first"
         ),
         after=reconfig_after,
     ),
@@ -314,6 +315,7 @@ TABLES: dict[str, Table] = {
             ("central_load_s", central("central_load_s")),
             ("central_local_load_s", central("central_local_load_s")),
             ("floor_s", key("floor_s")),
+            ("floor_verified_s", key("floor_verified_s")),
         ),
     ),
     "reconfig-dcp": Table(

@@ -41,6 +41,24 @@ def test_box_algebra():
         b.relative_to(a)
 
 
+@st.composite
+def box_pairs(draw):
+    ndim = draw(st.integers(0, 3))
+
+    def one():
+        ranges = [sorted(draw(st.lists(st.integers(0, 6), min_size=2, max_size=2))) for _ in range(ndim)]
+        return Box(tuple(a for a, _ in ranges), tuple(b for _, b in ranges))
+
+    return one(), one()
+
+
+@given(box_pairs())
+@settings(max_examples=300, deadline=None)
+def test_overlaps_is_a_nonempty_intersection(pair):
+    a, b = pair
+    assert a.overlaps(b) == (a.intersect(b) is not None) == b.overlaps(a)
+
+
 @given(st.integers(0, 50), st.integers(1, 9))
 @settings(deadline=None)
 def test_chunk_bounds_match_torch_chunk(size, parts):

@@ -122,8 +122,8 @@ def test_a_cached_layout_names_what_each_rank_writes():
     from tenplex.transformer.gathered import RankShards, _remember, _writers, build_ptc, writers
 
     def rank(r: int) -> RankShards:
-        own = {"a": ((4,), "float32", [[0, 4]])} if r == 0 else {"b": ((4,), "float32", [[0, 4]])}
-        return RankShards(r, "http://h0", f"d{r}", {"shared": ((2,), "float32", [[0, 2]]), **own})
+        own = {"a": ((4,), "float32", ((0,), (4,)))} if r == 0 else {"b": ((4,), "float32", ((0,), (4,)))}
+        return RankShards(r, "http://h0", f"d{r}", {"shared": ((2,), "float32", ((0,), (2,))), **own})
 
     found = _remember("test-key", writers(build_ptc([rank(0), rank(1)])))
     try:
@@ -132,3 +132,41 @@ def test_a_cached_layout_names_what_each_rank_writes():
         assert found.mine(0) == {"a", "shared"}
     finally:
         _writers.pop("test-key")
+
+
+SHARD_BOXES = """
+import torch, torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from tenplex.transformer.shards import local_shard
+
+for rank in (1, 2, 3, 1):  # one process holding another rank of an equal mesh, as a standby process does
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=4)
+    mesh = DeviceMesh("cpu", torch.arange(4).reshape(2, 2), mesh_dim_names=("dp", "tp"), _init_backend=False)
+    layouts = (((10, 6), [Shard(0), Shard(1)]), ((10, 6), [Shard(1), Shard(0)]), ((3,), [Shard(0), Shard(0)]))
+    for shape, pl in layouts:
+        local_shape, offset = compute_local_shape_and_global_offset(shape, mesh, pl)
+        t = DTensor.from_local(torch.zeros(local_shape), mesh, pl, run_check=False, shape=torch.Size(shape),
+                               stride=torch.empty(shape, device="meta").stride())
+        box = local_shard("w", t).box
+        want = tuple(min(o, n) for o, n in zip(offset, shape))
+        assert box.start == want and box.shape == tuple(local_shape), (rank, shape, pl, box, offset)
+    dist.destroy_process_group()
+print("ok")
+"""
+
+
+def test_a_shards_box_follows_the_rank_of_the_process_whatever_meshes_it_saw_before():
+    """A shard's offset is computed once per layout and cached: a process that later holds another rank of
+    an equal mesh must get that rank's box, uneven shards included (torch's computation is the reference)."""
+    import os
+    import subprocess
+    import sys
+
+    from launch import SRC
+
+    r = subprocess.run([sys.executable, "-c", SHARD_BOXES], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=str(SRC)))  # fmt: skip
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr

@@ -135,7 +135,11 @@ class StoreWriter(StorageWriter):
                         values[name] = w.value
                     continue
                 md = metadata.state_dict_metadata[name]
-                layouts[r].tensors[name] = (tuple(md.size), DTYPES[md.properties.dtype], w.box.to_json())
+                layouts[r].tensors[name] = (
+                    tuple(md.size),
+                    DTYPES[md.properties.dtype],
+                    (w.box.start, w.box.stop),
+                )
         ptc = build_ptc(layouts, values)
         stores = sorted(blobs)
         manifest = make_manifest(self.job, self.step, ptc)

@@ -56,6 +56,12 @@ class Box:
             return None
         return Box(start, stop)
 
+    def overlaps(self, other: Box) -> bool:
+        """Whether the two boxes (of equal rank) share an element: `intersect` without making the box."""
+        return all(
+            max(a, c) < min(b, d) for a, b, c, d in zip(self.start, self.stop, other.start, other.stop)
+        )
+
     def contains(self, other: Box) -> bool:
         return all(
             sa <= oa and ob <= sb for sa, sb, oa, ob in zip(self.start, self.stop, other.start, other.stop)

@@ -144,7 +144,7 @@ class Explicit:
             )
         if len(self.pieces) <= 512:
             for a, b in combinations(self.pieces, 2):
-                if a.box.intersect(b.box) is not None:
+                if a.box.overlaps(b.box):
                     raise PTCError(f"{what}pieces {a.box} and {b.box} overlap")
 
     def describe(self, mesh: Mesh) -> str:

@@ -20,13 +20,16 @@ from .breakdown import Breakdown
 from .errors import StateError
 from .shards import LocalShard
 
+Span = tuple[tuple[int, ...], tuple[int, ...]]  # a box as (start, stop): what the ranks send each other
+
 
 @dataclass
 class RankShards:
     rank: int
     store: str
     device: str
-    tensors: dict[str, tuple[tuple[int, ...], str, list[list[int]]]] = field(default_factory=dict)
+    # name -> (global shape, dtype, (start, stop) of this rank's box)
+    tensors: dict[str, tuple[tuple[int, ...], str, Span]] = field(default_factory=dict)
     values: dict[str, Any] = field(default_factory=dict)
 
 
@@ -130,22 +133,22 @@ def build_ptc(layouts: list[RankShards], values: dict | None = None) -> PTC:
     if len(set(devices)) != len(devices):
         raise StateError(f"two ranks claim the same device id: {devices}")
     mesh = Mesh((("rank", len(layouts)),), tuple(devices), tuple(lay.store for lay in layouts))
-    metas: dict[str, TensorMeta] = {}
-    holders: dict[str, dict[Box, list[int]]] = defaultdict(lambda: defaultdict(list))
+    kinds: dict[str, tuple[tuple[int, ...], str]] = {}
+    holders: dict[str, dict[Span, list[int]]] = defaultdict(lambda: defaultdict(list))
     for lay in layouts:
-        for name, (shape, dtype, box) in lay.tensors.items():
-            meta = TensorMeta(name, tuple(shape), dtype)
-            seen = metas.setdefault(name, meta)
-            if seen != meta:
+        for name, (shape, dtype, span) in lay.tensors.items():
+            seen = kinds.setdefault(name, (shape, dtype))
+            if seen != (shape, dtype):
                 raise StateError(
-                    f"tensor {name!r} is {seen.dtype}{list(seen.shape)} on one rank "
+                    f"tensor {name!r} is {seen[1]}{list(seen[0])} on one rank "
                     f"but {dtype}{list(shape)} on rank {lay.rank}"
                 )
-            holders[name][Box.from_json(box)].append(lay.rank)
+            holders[name][span].append(lay.rank)
     entries = []
-    for name, meta in metas.items():
-        pieces = tuple(Piece(b, tuple(sorted(r))) for b, r in holders[name].items() if not b.empty)
-        entries.append((meta, Explicit(pieces)))
+    for name, (shape, dtype) in kinds.items():  # each distinct box is made (and checked) once
+        boxes = ((Box(*span), r) for span, r in holders[name].items())
+        pieces = tuple(Piece(b, tuple(sorted(r))) for b, r in boxes if not b.empty)
+        entries.append((TensorMeta(name, shape, dtype), Explicit(pieces)))
     try:
         return PTC.build(mesh, entries, values)
     except PTCError as e:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,23 +43,25 @@ class LocalShard:
     box: Box
     local: torch.Tensor
 
-    def describe(self) -> tuple[tuple[int, ...], str, list[list[int]]]:
-        return self.shape, self.dtype, self.box.to_json()
+    def describe(self) -> tuple[tuple[int, ...], str, tuple[tuple[int, ...], tuple[int, ...]]]:
+        return self.shape, self.dtype, (self.box.start, self.box.stop)
 
 
 def local_shard(name: str, tensor: torch.Tensor) -> LocalShard:
     if tensor.dtype not in DTYPES:
         raise StateError(f"tensor {name!r} has dtype {tensor.dtype}, which tenplex cannot store")
     if isinstance(tensor, DTensor):
-        if any(isinstance(p, Partial) for p in tensor.placements):
+        placements = tensor.placements
+        if any(isinstance(p, Partial) for p in placements):
             raise StateError(f"tensor {name!r} is a Partial DTensor: reduce it before saving or loading")
-        local = tensor.to_local()
+        with torch.no_grad():  # the local tensor itself, not an autograd view of it (~5 µs a tensor)
+            local = tensor.to_local()
         shape = tuple(tensor.shape)
-        if any(isinstance(p, _StridedShard) for p in tensor.placements):
+        if any(isinstance(p, _StridedShard) for p in placements):
             box = _strided_box(name, tensor)
         else:
-            _, offset = compute_local_shape_and_global_offset(shape, tensor.device_mesh, tensor.placements)
-            start = tuple(int(o) for o in offset)
+            mesh = tensor.device_mesh
+            start = _offset(shape, mesh, placements, tuple(mesh.get_coordinate() or ()))
             stop = tuple(min(a + s, g) for a, s, g in zip(start, local.shape, shape))
             box = Box(tuple(min(a, g) for a, g in zip(start, shape)), stop)
         if box.shape != tuple(local.shape):
@@ -66,6 +70,18 @@ def local_shard(name: str, tensor: torch.Tensor) -> LocalShard:
         local, shape = tensor, tuple(tensor.shape)
         box = Box.full(shape)
     return LocalShard(name, shape, DTYPES[tensor.dtype], box, local)
+
+
+@functools.lru_cache(maxsize=4096)
+def _offset(
+    shape: tuple[int, ...], mesh: Any, placements: tuple, coordinate: tuple[int, ...]
+) -> tuple[int, ...]:
+    """A shard's global offset, computed once per (shape, mesh, placements, this rank's coordinate): the
+    tensors of a model share a few layouts, and torch's computation costs ~10 µs a tensor, paid by every
+    save and load. The coordinate is part of the key because a process may hold another rank of an equal
+    mesh later (a standby process serving a new phase)."""
+    _, offset = compute_local_shape_and_global_offset(shape, mesh, placements)
+    return tuple(int(o) for o in offset)
 
 
 def _strided_box(name: str, tensor: DTensor) -> Box:

@@ -43,6 +43,8 @@ job's first reconfiguration).
     python benchmarks/bench_reconfig.py                # ~1.2 GB of state, 2 repetitions: about 7-8 minutes
     python benchmarks/bench_reconfig.py --repeat 1     # about 4 minutes
     python benchmarks/bench_reconfig.py --quick --repeat 1   # ~0.3 GB: about 2 minutes
+    python benchmarks/bench_reconfig.py --size fixed --no-dcp --repeat 3 --out /tmp/fixed.json
+                                       # the reference's tensors, 5 MB: the per-call cost beyond the bytes
 
 `--network netns --nic-gbps G --hosts 2,4,8` (root): every emulated host is a network namespace
 (tenplex.runtime.netns) with its own store bound to its address (token required), its ranks started
@@ -95,6 +97,8 @@ SIZES = {  # params + exp_avg + exp_avg_sq in fp32: 12 bytes a parameter
     "full": dict(layers=8, hidden=1024, heads=16, vocab=256, seq=1024),  # 101M params, 1.21 GB
     "half": dict(layers=8, hidden=768, heads=16, vocab=256, seq=1024),  # 57M params, 0.68 GB
     "quick": dict(layers=8, hidden=512, heads=16, vocab=256, seq=512),  # 25M params, 0.30 GB
+    # the same 303 tensors with 5 MB of bytes: what a save and a load cost beyond their bytes
+    "fixed": dict(layers=8, hidden=64, heads=4, vocab=256, seq=64),
 }
 
 # (dp, tp, pp). The single-dimension changes cannot keep 4 ranks on both sides (the product is the world

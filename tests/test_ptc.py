@@ -1,4 +1,5 @@
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -153,6 +154,9 @@ def test_manifest_round_trips_exactly(data, values):
     assert back.mesh == ptc.mesh and back.tensors == ptc.tensors and back.placements == ptc.placements
     assert _same(back.values, ptc.values)
     assert back.dumps() == ptc.dumps()
+    again = pickle.loads(pickle.dumps(ptc))  # how a snapshot's PTC reaches the other ranks
+    assert again.mesh == ptc.mesh and again.tensors == ptc.tensors and again.placements == ptc.placements
+    assert _same(again.values, ptc.values)
 
 
 def test_manifest_errors_are_clear():
@@ -232,7 +236,7 @@ def test_explicit_layouts_must_tile_the_tensor():
     meta = TensorMeta("w", (4, 2), "float32")
     ok = Explicit((Piece(Box((0, 0), (3, 2)), (0,)), Piece(Box((3, 0), (4, 2)), (1, 0))))
     ptc = PTC.build(mesh, [(meta, ok)])
-    assert PTC.loads(ptc.dumps()) == ptc
+    assert PTC.loads(ptc.dumps()) == ptc == pickle.loads(pickle.dumps(ptc))
     assert [s.box for s in ptc.shards(0)] == [Box((0, 0), (3, 2)), Box((3, 0), (4, 2))]
     gap = Explicit((Piece(Box((0, 0), (3, 2)), (0,)),))
     with pytest.raises(PTCError, match="do not tile"):

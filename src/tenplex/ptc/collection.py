@@ -36,6 +36,9 @@ class TensorMeta:
             raise PTCError(f"tensor {self.name!r} has an invalid shape {self.shape}")
         item_size(self.dtype)
 
+    def __reduce__(self) -> tuple:
+        return TensorMeta, (self.name, self.shape, self.dtype)  # see Box.__reduce__
+
     @property
     def itemsize(self) -> int:
         return item_size(self.dtype)

@@ -120,6 +120,9 @@ class Piece:
     box: Box
     holders: tuple[int, ...]
 
+    def __reduce__(self) -> tuple:
+        return Piece, (self.box, self.holders)  # see Box.__reduce__
+
 
 @dataclass(frozen=True, slots=True)
 class Explicit:
@@ -127,6 +130,9 @@ class Explicit:
     mesh, uneven or strided sharding, pipeline stages by presence), as long as the pieces tile the tensor."""
 
     pieces: tuple[Piece, ...]
+
+    def __reduce__(self) -> tuple:
+        return Explicit, (self.pieces,)  # see Box.__reduce__
 
     def check(self, mesh: Mesh, shape: tuple[int, ...], name: str = "") -> None:
         what = f"tensor {name!r}: " if name else ""

@@ -84,6 +84,11 @@ def plain(keys: str) -> tuple[tuple[str, Cell], ...]:
     return tuple((k, key(k)) for k in keys.split())
 
 
+def phase(kind: str, name: str) -> Cell:
+    """Seconds of one phase of bench_reconfig's save or load breakdown (the slowest rank's)."""
+    return lambda row: num(row.get(f"{kind}_phases", {}).get(name))
+
+
 def central(name: str) -> Cell:
     """A central-mode figure of bench_reconfig. Rows of runs from before central mode saved into host 0's
     store too (no `central_save_s`) measured only the load through host 0: there `x_central` and
@@ -303,6 +308,15 @@ TABLES: dict[str, Table] = {
             "x_floor x_floor_verified first_total_s x_dcp_shm_first"
         ),
         after=reconfig_after,
+    ),
+    "reconfig-fixed": Table(
+        "bench_reconfig_fixed.json",
+        f"{RECONFIG} --size fixed --no-dcp --repeat 3 --out results/bench_reconfig_fixed.json",
+        (
+            *plain("change hosts save_s load_s total_s"),
+            *((f"load {p}", phase("load", p)) for p in ("describe", "gather", "choose", "plan", "reads")),
+            ("load barrier", phase("load", "barrier")),
+        ),
     ),
     "reconfig-baselines": Table(
         "bench_reconfig.json",

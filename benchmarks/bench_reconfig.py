@@ -43,8 +43,9 @@ job's first reconfiguration).
     python benchmarks/bench_reconfig.py                # ~1.2 GB of state, 2 repetitions: about 7-8 minutes
     python benchmarks/bench_reconfig.py --repeat 1     # about 4 minutes
     python benchmarks/bench_reconfig.py --quick --repeat 1   # ~0.3 GB: about 2 minutes
-    python benchmarks/bench_reconfig.py --size fixed --no-dcp --repeat 3 --out /tmp/fixed.json
-                                       # the reference's tensors, 5 MB: the per-call cost beyond the bytes
+    # the reference's tensors with 5 MB of bytes: what a save and a load cost beyond their bytes
+    python benchmarks/bench_reconfig.py --size fixed --no-dcp --repeat 3 \
+        --out results/bench_reconfig_fixed.json
 
 `--network netns --nic-gbps G --hosts 2,4,8` (root): every emulated host is a network namespace
 (tenplex.runtime.netns) with its own store bound to its address (token required), its ranks started

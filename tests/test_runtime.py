@@ -258,6 +258,10 @@ def test_downtime_is_split_into_named_parts_that_add_up():
                 "process_group": 0.0, "build": 0.15, "load": 0.5, "first_step": 0.1,
                 "other": 0.0}  # fmt: skip
     assert info["downtime"] == pytest.approx(3.0) and info["parts"] == pytest.approx(expected)
+    # the go file is written right before the old phase's `saved` record: no negative go, build from there
+    ahead.records[2]["go_at"] = 101.99
+    early = reconfiguration(old, ahead)["parts"]
+    assert early == pytest.approx({**expected, "go": 0.0, "build": 0.4})
 
 
 def test_a_preview_of_the_allocation_is_what_applying_the_events_makes_and_changes_nothing(tmp_path):
@@ -587,6 +591,38 @@ def test_a_script_started_ahead_waits_for_its_turn_and_ends_cleanly_when_cancell
             assert r.returncode == 0 and "resumed" not in r.stdout, r.stderr
         else:  # told to go: it loads (nothing to load here: a fresh start)
             assert r.returncode == 0 and "resumed" in r.stdout, r.stderr
+
+
+LATE = """
+import json, os, sys, time, torch
+from pathlib import Path
+from tenplex.runtime.job import ElasticJob
+from tenplex.runtime.spec import WorkerSpec
+
+out = Path(sys.argv[1])
+spec = WorkerSpec(job="j", until=4, out=str(out), ahead=True)
+spec.to_file(out / "spec.json")
+os.environ.update(TENPLEX_WORKER_SPEC=str(out / "spec.json"), RANK="0", WORLD_SIZE="1",
+                  MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
+job = ElasticJob()
+(out / "go").touch()
+time.sleep(0.5)  # still building when told to go
+job.resume({"w": torch.zeros(2)})
+job.ready(0)
+records = map(json.loads, (out / "worker.jsonl").read_text().splitlines())
+rec = next(r for r in records if r["kind"] == "ready")
+print(round(rec["go_at"] - (out / "go").stat().st_mtime, 3))  # told at the write, not 0.5 s later
+"""
+
+
+def test_a_rank_still_building_when_told_to_go_counts_the_wait_as_build_not_go(tmp_path):
+    """A phase started ahead is told to go when the go file is written; a rank that sees it only after it
+    finished building must not make the downtime breakdown call its late build `go`."""
+    from tenplex.util import free_port
+
+    r = subprocess.run([sys.executable, "-c", LATE, str(tmp_path), str(free_port())], capture_output=True,
+                       text=True, timeout=120, env=dict(os.environ, PYTHONPATH=SRC))  # fmt: skip
+    assert r.returncode == 0 and r.stdout.split() == ["0.0"], r.stdout + r.stderr
 
 
 AT_EXIT = """

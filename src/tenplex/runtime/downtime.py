@@ -5,8 +5,9 @@ downtime = from the old phase's last step (or its failure) to the new phase's fi
   stop           the old ranks agreeing to stop, and a snapshot in flight finishing
   save           the final save the new layout loads from
   go             a phase started ahead (built, and its first step rehearsed, while the old layout trained):
-                 from that save's commit until its ranks were told to go; then exit, persist, start and
-                 process_group are not on the path (0) and build is what the ranks did after the go
+                 from that save's commit until its ranks were told to go (the go file written); then exit,
+                 persist, start and process_group are not on the path (0) and build is what the ranks did
+                 after the go (a rank still building when it came included)
   exit           the old ranks ending (barrier, teardown or return to the pool) until the controller sees it
   persist        the controller's DCP copy of that state (the durable tier), before the next phase
   start          the new ranks' processes taking their roles until the job object exists (a user script's
@@ -60,7 +61,7 @@ def breakdown(prev: Phase, phase: Phase) -> dict[str, float] | None:
         "first_step": end["time"] - ready["time"] if end["kind"] == "step" else 0.0,
     }
     if ready.get("ahead"):  # built while the old layout trained: the restart began at the go
-        go_at = ready["go_at"]
+        go_at = max(ready["go_at"], saved_at)  # the go file is written right before the `saved` record
         parts.update(go=go_at - saved_at, exit=0.0, persist=0.0, start=0.0, process_group=0.0,
                      build=max(0.0, ready["time"] - go_at - load))  # fmt: skip
     parts["other"] = (end["time"] - since) - sum(parts.values())

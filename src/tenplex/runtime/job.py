@@ -8,6 +8,7 @@ workload's rank is such a script too. Nothing here imports the reference workloa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -133,6 +134,9 @@ class ElasticJob:
                         break
                     time.sleep(TURN_POLL_S)
                 self._go_at = time.time()
+                if self._turn:  # told when the go file was written: a rank that was still building then
+                    with contextlib.suppress(OSError):  # sees it late, and that wait is build, not go
+                        self._go_at = min(self._go_at, go.stat().st_mtime)
         return self._turn
 
     def resume(self, state: dict[str, Any]) -> int:

@@ -314,8 +314,10 @@ TABLES: dict[str, Table] = {
         f"{RECONFIG} --size fixed --no-dcp --repeat 3 --out results/bench_reconfig_fixed.json",
         (
             *plain("change hosts save_s load_s total_s"),
-            *((f"load {p}", phase("load", p)) for p in ("describe", "gather", "choose", "plan", "reads")),
-            ("load barrier", phase("load", "barrier")),
+            *(
+                (f"load {p}", phase("load", p))
+                for p in ("describe", "gather", "choose", "plan", "reads", "barrier")
+            ),
         ),
     ),
     "reconfig-baselines": Table(

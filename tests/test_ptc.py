@@ -40,6 +40,8 @@ def test_box_algebra():
         Box((2,), (1,))
     with pytest.raises(PTCError, match="not inside"):
         b.relative_to(a)
+    with pytest.raises(PTCError, match="rank 2 and 1"):
+        a.overlaps(Box((0,), (9,)))
 
 
 @st.composite

@@ -557,8 +557,8 @@ def test_a_phase_started_ahead_is_cancelled_when_the_one_before_crashes_and_take
     assert change["downtime"] < change["save_seconds"] + change["load_seconds"] + 0.5 + change["parts"]["go"]
 
 
-CANCELLED = """
-import os, sys, torch
+STARTED_AHEAD = """
+import json, os, sys, time, torch
 from pathlib import Path
 from tenplex.runtime.job import ElasticJob
 from tenplex.runtime.spec import WorkerSpec
@@ -569,11 +569,17 @@ spec.to_file(out / "spec.json")
 os.environ.update(TENPLEX_WORKER_SPEC=str(out / "spec.json"), RANK="0", WORLD_SIZE="1",
                   MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
 job = ElasticJob()
+"""  # a one-rank job of a phase started ahead, its directory argv[1], its group's port argv[2]
+
+CANCELLED = (
+    STARTED_AHEAD
+    + """
 (out / sys.argv[3]).touch()
 print("turn", job.wait_turn(), job.wait_turn(), flush=True)  # asked once
 job.resume({"w": torch.zeros(2)})
 print("resumed")
 """
+)
 
 
 def test_a_script_started_ahead_waits_for_its_turn_and_ends_cleanly_when_cancelled(tmp_path):
@@ -593,18 +599,9 @@ def test_a_script_started_ahead_waits_for_its_turn_and_ends_cleanly_when_cancell
             assert r.returncode == 0 and "resumed" in r.stdout, r.stderr
 
 
-LATE = """
-import json, os, sys, time, torch
-from pathlib import Path
-from tenplex.runtime.job import ElasticJob
-from tenplex.runtime.spec import WorkerSpec
-
-out = Path(sys.argv[1])
-spec = WorkerSpec(job="j", until=4, out=str(out), ahead=True)
-spec.to_file(out / "spec.json")
-os.environ.update(TENPLEX_WORKER_SPEC=str(out / "spec.json"), RANK="0", WORLD_SIZE="1",
-                  MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
-job = ElasticJob()
+LATE = (
+    STARTED_AHEAD
+    + """
 (out / "go").touch()
 time.sleep(0.5)  # still building when told to go
 job.resume({"w": torch.zeros(2)})
@@ -613,6 +610,7 @@ records = map(json.loads, (out / "worker.jsonl").read_text().splitlines())
 rec = next(r for r in records if r["kind"] == "ready")
 print(round(rec["go_at"] - (out / "go").stat().st_mtime, 3))  # told at the write, not 0.5 s later
 """
+)
 
 
 def test_a_rank_still_building_when_told_to_go_counts_the_wait_as_build_not_go(tmp_path):

@@ -62,7 +62,9 @@ class Box:
         return Box(start, stop)
 
     def overlaps(self, other: Box) -> bool:
-        """Whether the two boxes (of equal rank) share an element: `intersect` without making the box."""
+        """Whether the two boxes share an element: `intersect` without making the box."""
+        if other.ndim != self.ndim:
+            raise PTCError(f"cannot intersect boxes of rank {self.ndim} and {other.ndim}")
         return all(
             max(a, c) < min(b, d) for a, b, c, d in zip(self.start, self.stop, other.start, other.stop)
         )

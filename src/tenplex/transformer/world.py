@@ -121,6 +121,7 @@ def init_distributed(device: str = "auto") -> None:
     if master and port.isdigit() and os.environ.get("RANK", "0") != "0" and not agent_store:
         wait_listening(master, int(port), timeout=60.0)  # else init's own retries take over
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=10))
+    atexit.unregister(_destroy_at_exit)  # once, however many groups a long-lived process makes
     atexit.register(_destroy_at_exit)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import subprocess
 import sys
@@ -104,6 +105,53 @@ def test_new_blobs_take_their_pages_from_the_reserve_and_the_limit_counts_it(tmp
     finally:
         arena.close()
     assert not os.path.exists(arena.dir)
+
+
+def _huge_kib(mem: mmap.mmap) -> int:
+    """KiB of `mem` that the kernel maps with whole huge pages (its entry in /proc/self/smaps)."""
+    start = f"{np.frombuffer(mem, np.uint8).ctypes.data:x}-"
+    with open("/proc/self/smaps") as f:
+        entry = f.read().split("\n" + start, 1)[1]
+    return int(entry.split("ShmemPmdMapped:", 1)[1].split()[0])
+
+
+@needs_root
+def test_a_large_blobs_file_is_whole_huge_pages_and_a_small_ones_is_not(tmp_path):
+    """tmpfs backs the part of a file short of a whole huge page with fresh 4 KiB pages, the slow part of a
+    first save: a large blob's file is rounded up to huge pages, where that wastes at most an eighth."""
+    arena = Arena("t", str(tmp_path), "on", 64 * MiB, 32 * MiB)
+    try:
+        for nbytes, size in ((12_266_000, 6 * HUGE_PAGE), (3 * MiB, 3 * MiB), (100, 4096)):
+            path, mem = arena.create(nbytes)
+            assert (arena.footprint(nbytes), os.path.getsize(path), len(mem)) == (size, size, nbytes)
+            fd = os.open(path, os.O_RDONLY)
+            whole = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ)
+            os.close(fd)
+            assert _huge_kib(whole) == size // HUGE_PAGE * HUGE_PAGE // 1024
+            whole.close()
+            arena.recycle(path, mem, nbytes)
+        assert arena.pooled == 6 * HUGE_PAGE + 3 * MiB + 4096
+    finally:
+        arena.close()
+
+
+@needs_root
+def test_the_limit_counts_a_rounded_blob_whole_and_readers_see_only_its_bytes():
+    sp = start_store(memory_limit="64MiB", extra=["--huge-pages", "on"])
+    try:
+        c = sp.client()
+        a = np.arange(12_266_000, dtype=np.uint8)
+        c.write_blob("j", 1, "w", a)
+        c.commit("j", 1, None)
+        assert c.stats()["memory_used"] == 6 * HUGE_PAGE
+        for reader in (c, sp.client(local=False)):
+            out = np.empty_like(a)
+            reader.read_box("j", 1, "w", Box.full(a.shape), out)
+            assert np.array_equal(out, a)
+        c.delete_job("j")
+        assert c.stats()["memory_used"] == 0
+    finally:
+        assert sp.stop() == 0
 
 
 def test_reserved_used_and_pooled_memory_stay_within_the_limit():

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..ptc import item_size
 from .errors import BadRequestError, ConflictError, MemoryLimitError, NotFoundError
-from .shm import Arena, pages
+from .shm import Arena
 from .versions import ANY, Blob, Slot, Version, check_save_id
 
 __all__ = ["ANY", "Blob", "Catalog", "Slot", "Version", "check_save_id"]
@@ -44,7 +44,7 @@ class Catalog:
     def new_blob(self, name: str, dtype: str, shape: tuple[int, ...]) -> Blob:
         """Reserve memory and create the file of a blob that is not in the catalog yet."""
         nbytes = prod(shape) * item_size(dtype)
-        cost = pages(nbytes)  # what the file takes in memory: the limit counts whole pages
+        cost = self.arena.footprint(nbytes)  # what the file takes in memory: the limit counts it whole
         with self.lock:
             if self.used + cost > self.limit:
                 raise MemoryLimitError(
@@ -75,7 +75,7 @@ class Catalog:
         self._free_file(blob)
 
     def _free_file(self, blob: Blob) -> None:
-        self.free(pages(blob.nbytes))
+        self.free(self.arena.footprint(blob.nbytes))
         if blob.mapped and not blob.sealed:
             self.arena.discard(blob.path, blob.mem)
         else:  # to the pool, for the next blob of the same size

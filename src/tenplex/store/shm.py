@@ -136,33 +136,47 @@ class Arena:
         self._order: OrderedDict[str, int] = OrderedDict()  # every pooled file, oldest first -> its size
         self.pooled = 0
 
+    def footprint(self, nbytes: int) -> int:
+        """The bytes a blob of `nbytes` takes in memory: its file's size, in whole pages.
+
+        Why a huge-page store rounds a large blob's file up to whole huge pages: tmpfs backs the part of a
+        file not covering a whole huge page with 4 KiB pages, and on a virtual machine those come fresh from
+        the host (~0.4 GB/s here) while the reserve's huge pages are already backed. 53 blobs of 12,266,000
+        bytes took 213-243 ms to allocate from a reserve with exact sizes, 38 ms rounded up. The rounding is
+        done only where it wastes at most an eighth of the blob, so small blobs keep 4 KiB pages."""
+        whole = round_up(nbytes)
+        if self.memory.huge and whole - nbytes <= nbytes // 8:
+            return whole
+        return pages(nbytes)
+
     def create(self, nbytes: int) -> tuple[str, mmap.mmap | bytearray]:
         """A file of `nbytes` mapped writable for the daemon, its pages taken already where possible: a
         recycled one of that size; else the reserve's pages; else the smallest larger pooled file, cut to
-        size; else a new file on the pages of the oldest smaller ones, freed for it. Its content is
-        undefined (like np.empty)."""
+        size; else a new file on the pages of the oldest smaller ones, freed for it. The file is
+        `footprint(nbytes)` long, the mapping `nbytes`. Its content is undefined (like np.empty)."""
+        size = self.footprint(nbytes)
         with self._lock:
             if self._free.get(nbytes):
                 return self._unpool(nbytes)
-            covered = self.reserve.left >= round_up(nbytes)
+            covered = self.reserve.left >= round_up(size)
             larger = None if covered else self._smallest_above(nbytes)
             if larger is not None:
                 path, mem = self._unpool(larger)
             else:
                 path = os.path.join(self.dir, f"b{next(self._ids):08d}")
-                smaller = [] if covered else self._take_oldest(round_up(nbytes) - self.reserve.left)
+                smaller = [] if covered else self._take_oldest(round_up(size) - self.reserve.left)
         if larger is not None:
             return path, self._cut(path, mem, nbytes)
         if covered:
-            self.reserve.take(nbytes)  # the reserve's pages go to the new file
+            self.reserve.take(size)  # the reserve's pages go to the new file
         else:  # what the reserve has left and smaller pooled files go to it, freed right before it is made
             self.reserve.trim(self.reserve.left)
             for p, m in smaller:
                 self._retire(p, m)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.ftruncate(fd, nbytes)
-            self._allocate(fd, nbytes)
+            os.ftruncate(fd, size)
+            self._allocate(fd, size)
         except OSError as e:
             os.close(fd)
             self.remove(path)
@@ -194,14 +208,14 @@ class Arena:
         while self._order and nbytes > 0:
             n = next(iter(self._order.values()))  # the oldest file overall is the oldest of its size
             taken.append(self._unpool(n))
-            nbytes -= pages(n)
+            nbytes -= self.footprint(n)
         return taken
 
     def _unpool(self, nbytes: int) -> tuple[str, mmap.mmap | bytearray]:
         """The oldest pooled file of `nbytes`, out of the pool (the caller holds the lock)."""
         _, path, mem = self._free[nbytes].pop(0)
         del self._order[path]
-        self.pooled -= pages(nbytes)
+        self.pooled -= self.footprint(nbytes)
         return path, mem
 
     def _cut(self, path: str, mem: mmap.mmap | bytearray, nbytes: int) -> mmap.mmap | bytearray:
@@ -213,7 +227,7 @@ class Arena:
                 mem.close()
             except BufferError:  # a view of it outlives the blob (harmless: the same file, never read)
                 pass
-        os.truncate(path, nbytes)
+        os.truncate(path, self.footprint(nbytes))
         return map_file(path, nbytes, writable=True)
 
     def _allocate(self, fd: int, nbytes: int) -> None:
@@ -248,7 +262,7 @@ class Arena:
         with self._lock:
             self._free.setdefault(nbytes, []).append((time.monotonic(), path, mem))
             self._order[path] = nbytes
-            self.pooled += pages(nbytes)
+            self.pooled += self.footprint(nbytes)
         self.trim(None)
 
     def trim(self, keep: int | None) -> None:

@@ -258,6 +258,12 @@ def each_rep(reps: list[list[dict]], key: str, sub: str | None = None) -> list[f
     return out
 
 
+def phases_of(per_rank: list[dict], kind: str) -> dict[str, float]:
+    """A repetition's save or load seconds by phase, the slowest rank per phase."""
+    phases = [r.get(f"{kind}_phases", {}) for r in per_rank]
+    return {k: max(p.get(k, 0.0) for p in phases) for k in sorted(set().union(*phases))}
+
+
 def slowest(reps: list[list[dict]], key: str, sub: str | None = None) -> float | None:
     """The slowest rank's seconds, in the best repetition."""
     return min(each_rep(reps, key, sub), default=None)
@@ -408,9 +414,9 @@ def summarise(
     }
     reps_load = each_rep(reps, "load")
     best = min(range(len(reps)), key=lambda i: each_rep(reps, "save")[i] + reps_load[i])
-    for kind in ("save", "load"):  # seconds by phase: the slowest rank per phase, in the best repetition
-        phases = [r.get(f"{kind}_phases", {}) for r in reps[best]]
-        row[f"{kind}_phases"] = {k: max(p.get(k, 0.0) for p in phases) for k in sorted(set().union(*phases))}
+    for kind in ("save", "load"):  # seconds by phase: the slowest rank per phase, best and first repetition
+        row[f"{kind}_phases"] = phases_of(reps[best], kind)
+        row[f"{kind}_phases_first"] = phases_of(reps[0], kind)
     if shaped_bw:
         # the cross-host part: the time the cross-host bytes were in flight, taken as the slowest rank's
         # network phase (network_reads and relayed_reads run in parallel from the start of `reads`, so the

@@ -33,12 +33,17 @@ def no_store_outlives_a_test(request):
 
 @pytest.fixture(scope="module")
 def store():
-    """One store daemon per test module (512 MiB; a module may define its own `store` instead): the
-    client finds it is on the same host by itself, and stopping it leaves no shared memory behind."""
+    """One store daemon per test module (512 MiB; a module may define its own `store` instead)."""
+    yield from serve()
+
+
+def serve(extra: list[str] | None = None):
+    """A store daemon for a fixture to yield: the client finds it is on the same host by itself, and
+    stopping it leaves no shared memory behind."""
     from tenplex.store import start_store
     from tenplex.store.tmpfs import host_path
 
-    sp = start_store(memory_limit="512MiB")
+    sp = start_store(memory_limit="512MiB", extra=extra)
     yield sp
     assert sp.client().is_local  # same host: found out by the client itself, not forced
     assert sp.stop() == 0

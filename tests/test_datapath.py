@@ -48,7 +48,7 @@ def test_huge_page_store_keeps_its_mount_private_and_leaves_nothing_when_killed(
         mountpoint = host_path(sp.shm_dir)
         assert mountpoint != sp.shm_dir and os.path.isdir(mountpoint)
         assert os.listdir(mountpoint) == []  # from outside the daemon's namespace: an empty directory
-        assert sorted(os.listdir(sp.shm_dir)) == ["b00000001", "control.sock", "reserve"]
+        assert sorted(os.listdir(sp.shm_dir)) == ["control.sock", "reserve"]  # the blob is in the reserve
         assert mountpoint not in _host_mounts()
     finally:
         sp.kill()
@@ -90,21 +90,41 @@ def test_a_reserve_above_the_memory_limit_is_refused_at_start():
 def test_new_blobs_take_their_pages_from_the_reserve_and_the_limit_counts_it(tmp_path):
     arena = Arena("t", str(tmp_path), reserve=8 * MiB)
     try:
-        assert arena.reserve.left == 8 * MiB
-        arena.create(3 * MiB)  # rounded up to whole huge pages
-        assert arena.reserve.left == 8 * MiB - 2 * HUGE_PAGE
-        assert os.path.getsize(arena.reserve.path) == arena.reserve.left
-        path, mem = arena.create(HUGE_PAGE)
-        assert arena.reserve.left == HUGE_PAGE
-        arena.recycle(path, mem, HUGE_PAGE)
-        arena.trim(2 * HUGE_PAGE)  # pooled file + reserve: exactly what may be kept
-        assert (arena.pooled, arena.reserve.left) == (HUGE_PAGE, HUGE_PAGE)
-        arena.trim(HUGE_PAGE)  # the reserve goes first: a pooled file of a known size is worth more
-        assert (arena.pooled, arena.reserve.left) == (HUGE_PAGE, 0)
-        assert not os.path.exists(arena.reserve.path)
+        assert arena.reserve.left == 8 * MiB == os.path.getsize(arena.reserve.path)
+        a = arena.create(3 * MiB)  # a range of the reserve: no file of its own
+        assert (a.path, a.offset, a.span, len(a.mem)) == (arena.reserve.path, 0, 8 * MiB, 3 * MiB)
+        b = arena.create(5 * MiB)
+        assert (b.path, b.offset, arena.reserve.left) == (arena.reserve.path, 3 * MiB, 0)
+        c = arena.create(HUGE_PAGE)  # the reserve is all taken: a file of its own
+        assert c.path != arena.reserve.path and (c.offset, c.span) == (0, HUGE_PAGE)
+        arena.recycle(a, 3 * MiB)
+        arena.recycle(c, HUGE_PAGE)
+        assert (arena.pooled, arena.reserve.left) == (HUGE_PAGE, 3 * MiB)
+        assert arena.create(MiB).offset == 0  # any size fits a free range
+        arena.recycle(b, 5 * MiB)  # merged with the free range after the 1 MiB blob: 7 MiB in one range
+        assert arena.create(7 * MiB).offset == MiB
+        arena.trim(0)  # the pool and free ranges give their pages back to the kernel
+        assert (arena.pooled, arena.reserve.left) == (0, 0)
+        assert os.path.getsize(arena.reserve.path) == 8 * MiB  # holes: the offsets stay out of use
     finally:
         arena.close()
     assert not os.path.exists(arena.dir)
+
+
+def test_the_reserve_goes_before_pooled_files_when_room_is_needed(tmp_path):
+    arena = Arena("t", str(tmp_path), reserve=4 * MiB)
+    try:
+        arena.create(4 * MiB)
+        f = arena.create(HUGE_PAGE)
+        arena.recycle(f, HUGE_PAGE)
+        r = arena.create(HUGE_PAGE)
+        assert r.path == f.path  # the reserve was full: the pooled file of that size
+        arena.recycle(r, HUGE_PAGE)
+        arena.reserve.give(0, 4 * MiB)
+        arena.trim(HUGE_PAGE)  # a pooled file of a known size is worth more than a free range
+        assert (arena.pooled, arena.reserve.left) == (HUGE_PAGE, 0)
+    finally:
+        arena.close()
 
 
 def _huge_kib(mem: mmap.mmap) -> int:
@@ -119,17 +139,21 @@ def _huge_kib(mem: mmap.mmap) -> int:
 def test_a_large_blobs_file_is_whole_huge_pages_and_a_small_ones_is_not(tmp_path):
     """tmpfs backs the part of a file short of a whole huge page with fresh 4 KiB pages, the slow part of a
     first save: a large blob's file is rounded up to huge pages, where that wastes at most an eighth."""
-    arena = Arena("t", str(tmp_path), "on", 64 * MiB, 32 * MiB)
+    arena = Arena("t", str(tmp_path), "on", 64 * MiB)
     try:
+        made = []
         for nbytes, size in ((12_266_000, 6 * HUGE_PAGE), (3 * MiB, 3 * MiB), (100, 4096)):
-            path, mem = arena.create(nbytes)
+            place = arena.create(nbytes)
+            path, mem = place.path, place.mem
             assert (arena.footprint(nbytes), os.path.getsize(path), len(mem)) == (size, size, nbytes)
             fd = os.open(path, os.O_RDONLY)
             whole = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ)
             os.close(fd)
             assert _huge_kib(whole) == size // HUGE_PAGE * HUGE_PAGE // 1024
             whole.close()
-            arena.recycle(path, mem, nbytes)
+            made.append((place, nbytes))
+        for place, nbytes in made:
+            arena.recycle(place, nbytes)
         assert arena.pooled == 6 * HUGE_PAGE + 3 * MiB + 4096
     finally:
         arena.close()
@@ -167,8 +191,8 @@ def test_reserved_used_and_pooled_memory_stay_within_the_limit():
                 assert s["memory_used"] + s["memory_pooled"] + s["memory_reserved"] <= 16 * MiB
             with pytest.raises(MemoryLimitError):  # the reserve never takes the store past its limit
                 c.write_blob("j", step, "more", blob)
-            c.delete_version("j", step)  # its files go to the pool for the next step
-        assert c.stats()["memory_reserved"] == 0
+            c.delete_version("j", step)  # its ranges go back to the reserve for the next step
+            assert c.stats()["memory_reserved"] == 16 * MiB
     finally:
         assert sp.stop() == 0
 

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import serve
 from launch import run_ranks
 from tenplex.ptc import Box
 from tenplex.store import (
@@ -38,10 +39,19 @@ from tenplex.store.transport import PREAMBLE, into
 pytestmark = pytest.mark.timeout(180)
 
 
+@pytest.fixture(scope="module", params=["files", "reserve"])
+def store(request):
+    """Every test of blobs held while served runs on both kinds of blob memory: files of their own, and
+    ranges of the memory reserved at start (`slab`), which any blob may reuse."""
+    yield from serve(["--reserve", "64MiB"] if request.param == "reserve" else None)
+
+
 def _leased_path(c, job: str, step: int, name: str) -> tuple[str, int, list]:
+    """Where a located blob is (its file and offset there), the lease that holds it, its connection."""
     pin: list = []
     found = c.request("POST", f"/v1/jobs/{job}/versions/{step}/locate", {"names": [name]}, hold=pin)
-    return found["blobs"][0]["path"], found["lease"], pin
+    blob = found["blobs"][0]
+    return (blob["path"], blob["offset"]), found["lease"], pin
 
 
 # ---------------------------------------------------------------- 1. one save per read; replicas by save
@@ -187,9 +197,10 @@ def test_a_located_blob_is_not_reused_until_its_lease_ends(store):
     c.write_blob(job, 2, "w", np.full(1000, 2, np.int64))
     c.commit(job, 2, None)
     second, lease2, pin2 = _leased_path(c, job, 2, "w")
-    assert second != first  # v1's file is still held
-    with open(first, "rb") as f:
-        assert (np.frombuffer(f.read(), np.int64) == 1).all()
+    assert second != first  # v1's memory is still held
+    with open(first[0], "rb") as f:
+        f.seek(first[1])
+        assert (np.frombuffer(f.read(8000), np.int64) == 1).all()
     c._unlease(lease, pin)
     c._unlease(lease2, pin2)
     c.delete_version(job, 2)
@@ -309,7 +320,7 @@ def test_cached_mappings_of_unlinked_blob_files_are_dropped():
         c.commit("m", 1, None)
         out = np.empty(600 << 10, np.uint8)
         c.read_box("m", 1, "w", Box.full(out.shape), out)
-        path, lease, pin = _leased_path(c, "m", 1, "w")
+        (path, _), lease, pin = _leased_path(c, "m", 1, "w")
         c._unlease(lease, pin)
         assert _mapped(path)
         c.delete_version("m", 1)

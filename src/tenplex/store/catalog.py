@@ -52,13 +52,14 @@ class Catalog:
                     f"({self.used} of {self.limit} bytes used); delete versions or use retain"
                 )
             self.used += cost
-            self.arena.trim(self.limit - self.used)  # recycled files never take the store past its limit
         try:
-            path, mem = self.arena.create(nbytes)
+            place = self.arena.create(nbytes)
         except BaseException:
             self.free(cost)
             raise
-        return Blob(name, dtype, shape, path, mem)
+        with self.lock:  # taken from the slab or the pool, or on pages freed for it: trimmed only after
+            self.arena.trim(self.limit - self.used)  # recycled memory never takes the store past its limit
+        return Blob(name, dtype, shape, place)
 
     def free(self, nbytes: int) -> None:
         with self.lock:
@@ -77,9 +78,9 @@ class Catalog:
     def _free_file(self, blob: Blob) -> None:
         self.free(self.arena.footprint(blob.nbytes))
         if blob.mapped and not blob.sealed:
-            self.arena.discard(blob.path, blob.mem)
+            self.arena.discard(blob.place, blob.nbytes)
         else:  # to the pool, for the next blob of the same size
-            self.arena.recycle(blob.path, blob.mem, blob.nbytes)
+            self.arena.recycle(blob.place, blob.nbytes)
 
     def hold(self, blob: Blob) -> Blob:
         """Count one more request serving `blob`; NotFoundError if it was deleted meanwhile."""

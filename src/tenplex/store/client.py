@@ -32,7 +32,7 @@ from .keys import (
     dtype_name_of,
 )
 from .protocol import Conn
-from .shm import map_file
+from .shm import map_file, populate
 from .transport import DEFAULT_PORT, DEFAULT_URL, into
 
 __all__ = [
@@ -438,10 +438,17 @@ class StoreClient(DatasetClient):
         copy_box(self._map(info), info["digests"], info["dtype"], tuple(info["shape"]), box, dst, what)
 
     def _map(self, info: dict[str, Any], writable: bool = False) -> memoryview:
-        """A cached mapping of a blob file (see `mappings`)."""
-        key = (info["path"], info["nbytes"], writable)
-        mem = self.maps.get(key, lambda: map_file(info["path"], info["nbytes"], writable=writable))
-        return memoryview(mem)
+        """A blob's bytes in a cached mapping of its file (see `mappings`): a file of its own mapped whole;
+        the store's slab mapped whole once, unpopulated, and each blob's range populated when handed out."""
+        path, nbytes, at, span = info["path"], info["nbytes"], info["offset"], info["span"]
+        whole = at == 0 and span == nbytes
+        mem = self.maps.get((path, span, writable), lambda: map_file(path, span, writable, populate=whole))
+        if whole:
+            return memoryview(mem)
+        if not 0 <= at <= at + nbytes <= span:
+            raise StoreError(f"the store placed a blob of {nbytes} bytes at {at} in a file of {span}")
+        populate(mem, at, nbytes, writable)
+        return memoryview(mem)[at : at + nbytes]
 
     def fetch_remote(
         self,

@@ -202,9 +202,9 @@ def _allocate(d: Daemon, req: Request) -> dict[str, Any]:
     dtype, shape = check_dtype(body.get("dtype")), check_shape(body.get("shape"))
     v = d.catalog.writable(job, step, _save_id(body.get("save_id")))
     blob = d.catalog.new_blob(name, dtype, shape)
-    blob.mapped = True  # the writer maps it: dropped unsealed, its file is unlinked, never pooled
+    blob.mapped = True  # the writer maps it: dropped unsealed, its memory is never reused
     d.catalog.put(v, blob)
-    return {"path": blob.path, "nbytes": blob.nbytes}
+    return blob.where()
 
 
 @route("POST", _V + r"/blobs/(?P<name>[^/]+)/seal")
@@ -239,14 +239,14 @@ def _allocate_many(d: Daemon, req: Request) -> dict[str, Any]:
     try:
         for name, dtype, shape in specs:
             made.append(d.catalog.new_blob(name, dtype, shape))
-            made[-1].mapped = True  # as in _allocate: dropped unsealed, its file is unlinked, never pooled
+            made[-1].mapped = True  # as in _allocate: dropped unsealed, its memory is never reused
     except BaseException:
         for blob in made:
             d.catalog.drop(blob)
         raise
     for blob in made:
         d.catalog.put(v, blob)
-    return {"blobs": [{"name": b.name, "path": b.path, "nbytes": b.nbytes} for b in made]}
+    return {"blobs": [{"name": b.name, **b.where()} for b in made]}
 
 
 @route("POST", _V + r"/seal")

@@ -20,11 +20,14 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 
 from .errors import MemoryLimitError, StoreError
-from .tmpfs import Reserve, StoreMemory, open_memory, round_up
+from .slab import Slab
+from .tmpfs import StoreMemory, open_memory, round_up
 
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+_POPULATE_READ, _POPULATE_WRITE = 22, 23  # madvise(2) advice values
 _ARENA = re.compile(r"tenplex-(\d+)-(\d+)")  # tenplex-PORT-PID, what Arena names its directory
 log = logging.getLogger("tenplex.store")
 
@@ -50,17 +53,39 @@ def host_id() -> str:
     return f"{socket.gethostname()}/{boot}"
 
 
-def map_file(path: str, nbytes: int, writable: bool) -> mmap.mmap | bytearray:
+def map_file(path: str, nbytes: int, writable: bool, populate: bool = True) -> mmap.mmap | bytearray:
     """Map a blob file; pages are pre-faulted (MAP_POPULATE) because faulting 4 KiB at a time costs as
-    much as the copy itself. Empty blobs have no mapping."""
+    much as the copy itself (a slab is mapped whole and only its blobs' ranges populated, see `populate`).
+    Empty blobs have no mapping."""
     if nbytes == 0:
         return bytearray()
     fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
     try:
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-        return mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | _POPULATE, prot=prot)
+        return mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | (_POPULATE if populate else 0), prot=prot)
     finally:
         os.close(fd)
+
+
+def populate(mem: mmap.mmap, offset: int, nbytes: int, writable: bool) -> None:
+    """Pre-fault a page-aligned range of a mapping (MADV_POPULATE_READ/WRITE, Linux 5.14); where the
+    kernel has no such advice the range is faulted in by its first touch instead."""
+    if nbytes:
+        try:
+            mem.madvise(_POPULATE_WRITE if writable else _POPULATE_READ, offset, nbytes)
+        except (OSError, ValueError):
+            pass
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a blob's bytes live: `span` bytes of the file at `path` are what a client maps, the blob is
+    at `offset` in them; `mem` is the daemon's writable view of exactly the blob."""
+
+    path: str
+    mem: mmap.mmap | bytearray | memoryview
+    offset: int = 0
+    span: int = 0
 
 
 def _alive(pid: int) -> bool:
@@ -102,13 +127,14 @@ def reap(root: str | None = None) -> list[str]:
 
 
 class Arena:
-    """The daemon's blob files: created on demand, recycled when freed, the directory removed on exit.
+    """The daemon's blob memory: ranges of the slab taken at start (`--reserve`, see `slab`), else files
+    created on demand; both recycled when freed, the directory removed on exit.
 
     A new tmpfs file costs page allocation (~0.3-1 GB/s here, far below a memory copy), so freed files are
     kept for a while and handed to the next blob of the same size: periodic snapshots of one job have the
-    same shapes every time, and their writes then run at memory-copy speed. The catalog recycles a file
-    only once no request holds its blob any more (reference counts), so a reuse can never overwrite bytes
-    that are being served.
+    same shapes every time, and their writes then run at memory-copy speed. The catalog recycles a range
+    or a file only once no request holds its blob any more (reference counts), so a reuse can never
+    overwrite bytes that are being served.
     """
 
     TTL = 120.0  # pooled files unused this long are unlinked
@@ -126,7 +152,7 @@ class Arena:
             raise StoreError(f"cannot make the store's memory directory: {e}") from None
         self.dir = self.memory.dir
         try:
-            self.reserve = Reserve(self.dir, reserve)
+            self.reserve = Slab(self.dir, reserve, self.memory.huge)
         except OSError as e:
             self.memory.close()
             raise MemoryLimitError(f"cannot reserve {reserve} bytes in {self.dir}: {e.strerror}") from None
@@ -149,30 +175,30 @@ class Arena:
             return whole
         return pages(nbytes)
 
-    def create(self, nbytes: int) -> tuple[str, mmap.mmap | bytearray]:
-        """A file of `nbytes` mapped writable for the daemon, its pages taken already where possible: a
-        recycled one of that size; else the reserve's pages; else the smallest larger pooled file, cut to
-        size; else a new file on the pages of the oldest smaller ones, freed for it. The file is
-        `footprint(nbytes)` long, the mapping `nbytes`. Its content is undefined (like np.empty)."""
+    def create(self, nbytes: int) -> Place:
+        """Memory for a blob of `nbytes`, its pages taken already where possible: a free range of the
+        slab; else a recycled file of that size; else the smallest larger pooled file, cut to size; else a
+        new file on the pages of free slab ranges and of the oldest smaller pooled files, freed for it.
+        It takes `footprint(nbytes)`; its content is undefined (like np.empty)."""
         size = self.footprint(nbytes)
+        at = self.reserve.take(size)
+        if at is not None:
+            return Place(self.reserve.path, self.reserve.view(at, nbytes), at, self.reserve.size)
         with self._lock:
             if self._free.get(nbytes):
-                return self._unpool(nbytes)
-            covered = self.reserve.left >= round_up(size)
-            larger = None if covered else self._smallest_above(nbytes)
+                path, mem = self._unpool(nbytes)
+                return Place(path, mem, 0, nbytes)
+            larger = self._smallest_above(nbytes)
             if larger is not None:
                 path, mem = self._unpool(larger)
             else:
                 path = os.path.join(self.dir, f"b{next(self._ids):08d}")
-                smaller = [] if covered else self._take_oldest(round_up(size) - self.reserve.left)
+                given = self.reserve.punch(size)  # the pages it gives back go to the new file
+                smaller = self._take_oldest(size - given)
         if larger is not None:
-            return path, self._cut(path, mem, nbytes)
-        if covered:
-            self.reserve.take(size)  # the reserve's pages go to the new file
-        else:  # what the reserve has left and smaller pooled files go to it, freed right before it is made
-            self.reserve.trim(self.reserve.left)
-            for p, m in smaller:
-                self._retire(p, m)
+            return Place(path, self._cut(path, mem, nbytes), 0, nbytes)
+        for p, m in smaller:  # freed right before the new file is made
+            self._retire(p, m)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, size)
@@ -183,7 +209,7 @@ class Arena:
             why = f"no room for {nbytes} bytes in {self.dir}: {e.strerror} ({self._usage()})"
             raise MemoryLimitError(why) from None
         os.close(fd)
-        return path, map_file(path, nbytes, writable=True)
+        return Place(path, map_file(path, nbytes, writable=True), 0, nbytes)
 
     def _smallest_above(self, nbytes: int) -> int | None:
         """The smallest pooled size above `nbytes` (the caller holds the lock).
@@ -257,11 +283,15 @@ class Arena:
             f"{self.pooled}, reserve {self.reserve.left}"
         )
 
-    def recycle(self, path: str, mem: mmap.mmap | bytearray, nbytes: int) -> None:
-        """Keep a freed blob file for reuse by a blob of the same size."""
+    def recycle(self, place: Place, nbytes: int) -> None:
+        """Keep a freed blob's memory for reuse: its slab range for any blob, its file for one of the same
+        size."""
+        if self.reserve.holds(place.path):
+            self.reserve.give(place.offset, self.footprint(nbytes))
+            return
         with self._lock:
-            self._free.setdefault(nbytes, []).append((time.monotonic(), path, mem))
-            self._order[path] = nbytes
+            self._free.setdefault(nbytes, []).append((time.monotonic(), place.path, place.mem))
+            self._order[place.path] = nbytes
             self.pooled += self.footprint(nbytes)
         self.trim(None)
 
@@ -270,7 +300,7 @@ class Arena:
         (the reserve counts as pooled, and goes first)."""
         now = time.monotonic()
         if keep is not None:
-            self.reserve.trim(self.pooled + self.reserve.left - keep)
+            self.reserve.punch(self.pooled + self.reserve.left - keep)
             keep -= self.reserve.left
         doomed = []
         with self._lock:  # from the oldest file on, and only as far as there is something to unlink
@@ -307,13 +337,17 @@ class Arena:
         except FileNotFoundError:
             pass
 
-    def discard(self, path: str, mem: mmap.mmap | bytearray) -> None:
-        """Unlink a file instead of pooling it: a client may still write through its own mapping of it (an
-        unsealed blob of an abandoned writer), so it must never be handed to another blob."""
-        self.remove(path)
-        if isinstance(mem, mmap.mmap):
+    def discard(self, place: Place, nbytes: int) -> None:
+        """Free a blob's memory without reusing it: a client may still write through its own mapping of it
+        (an unsealed blob of an abandoned writer), so it must never be handed to another blob. A file is
+        unlinked, a slab range's pages are given back and its offsets retired."""
+        if self.reserve.holds(place.path):
+            self.reserve.retire(place.offset, self.footprint(nbytes))
+            return
+        self.remove(place.path)
+        if isinstance(place.mem, mmap.mmap):
             try:
-                mem.close()
+                place.mem.close()
             except BufferError:
                 pass
 

@@ -15,9 +15,7 @@ the kernel frees the memory once no client maps a file; what is left is the empt
 back to a plain directory on `/dev/shm` with a one-line notice.
 
 Fresh huge pages are slow to get the first time (the kernel compacts memory: ~0.45 GB/s measured here), so
-`--reserve SIZE` takes that much at start in a file of its own; each new blob file then takes its pages
-from the reserve (the reserve shrinks by the blob's size, rounded to huge pages, just before the blob file
-is allocated, and the kernel hands the freed pages straight back).
+`--reserve SIZE` takes that much at start in a file of its own, whose ranges then hold blobs (`slab`).
 """
 
 from __future__ import annotations
@@ -36,7 +34,6 @@ from ..util import logs
 log = logs.get("store.tmpfs")
 
 HUGE_PAGE = 2 << 20
-_TOUCH = 256 << 20  # bytes of the reserve touched per mapping
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 _CLONE_NEWNS = 0x00020000
 _MS_REC, _MS_PRIVATE = 0x4000, 1 << 18
@@ -96,7 +93,7 @@ def open_memory(root: str, name: str, size: int, huge: str = "auto") -> StoreMem
     return StoreMemory(f"/proc/{os.getpid()}/root{mountpoint}", mountpoint, True)
 
 
-def _libc() -> ctypes.CDLL:
+def libc() -> ctypes.CDLL:
     return ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 
 
@@ -111,79 +108,15 @@ def _mount_private(mountpoint: str, size: int) -> None:
 
     The namespace belongs to that thread and to the threads it starts afterwards, so the daemon calls this
     before it serves anything. A second call makes another namespace (a copy of the first): harmless."""
-    libc = _libc()
-    _check(libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    c = libc()
+    _check(c.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     # mounts made here must not propagate back to the host's namespace
-    _check(libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "mount --make-rprivate /")
+    _check(c.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "mount --make-rprivate /")
     opts = f"huge=within_size,size={size},mode=0700".encode()
-    _check(libc.mount(b"tenplex", mountpoint.encode(), b"tmpfs", 0, opts), f"mount tmpfs on {mountpoint}")
+    _check(c.mount(b"tenplex", mountpoint.encode(), b"tmpfs", 0, opts), f"mount tmpfs on {mountpoint}")
 
 
 def _umount(mountpoint: str) -> None:
-    libc = _libc()
-    if libc.umount2(mountpoint.encode(), _MNT_DETACH) != 0:
+    c = libc()
+    if c.umount2(mountpoint.encode(), _MNT_DETACH) != 0:
         log.debug("umount %s: %s", mountpoint, os.strerror(ctypes.get_errno()))
-
-
-class Reserve:
-    """Memory a store takes at start so that no save pays for fresh pages: one file, allocated with
-    `posix_fallocate` and touched once (tmpfs hands out fallocated pages unzeroed and zeroes them at the
-    first fault; on a virtual machine that first touch of memory is what costs: 256 MiB of huge pages
-    took 0.84 s to fault the first time here, 0.2 ms the second), shrunk from its end by each `take`."""
-
-    NAME = "reserve"
-
-    def __init__(self, directory: str, nbytes: int) -> None:
-        self.path = os.path.join(directory, self.NAME)
-        self.left = 0
-        self._lock = threading.Lock()
-        if nbytes <= 0:
-            return
-        nbytes = round_up(nbytes)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.ftruncate(fd, nbytes)
-            os.posix_fallocate(fd, 0, nbytes)
-            for at in range(0, nbytes, _TOUCH):  # in windows: page tables for a window at a time
-                n = min(_TOUCH, nbytes - at)
-                mmap.mmap(fd, n, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ, offset=at).close()
-        except OSError:
-            os.close(fd)
-            os.unlink(self.path)
-            raise
-        os.close(fd)
-        self.left = nbytes
-
-    def take(self, nbytes: int) -> bool:
-        """Give back `nbytes` (rounded up to huge pages) of the reserve for a new blob file that is
-        allocated right after; False (nothing changed) when the reserve holds less."""
-        need = round_up(nbytes)
-        with self._lock:
-            if need == 0 or need > self.left:
-                return False
-            self._shrink(need)
-        return True
-
-    def trim(self, nbytes: int) -> None:
-        """Give at least `nbytes` (at most all) of the reserve back to the kernel: the store's memory
-        limit counts the reserve, and blobs recycling pooled files do not consume it."""
-        with self._lock:
-            if nbytes > 0 and self.left:
-                self._shrink(min(self.left, round_up(nbytes)))
-
-    def _shrink(self, n: int) -> None:
-        self.left -= n
-        if self.left:
-            os.truncate(self.path, self.left)
-        else:
-            os.unlink(self.path)
-
-    def release(self) -> None:
-        """Give all of the reserve back (the store is closing)."""
-        with self._lock:
-            if self.left:
-                self.left = 0
-                try:
-                    os.unlink(self.path)
-                except FileNotFoundError:
-                    pass

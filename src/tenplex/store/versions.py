@@ -13,6 +13,7 @@ from typing import Any
 from ..ptc import item_size
 from .checksum import CHUNK
 from .errors import BadRequestError
+from .shm import Place
 
 ANY: Any = object()  # "whichever save this store shows for the step"
 _SAVE_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
@@ -25,8 +26,7 @@ class Blob:
     name: str
     dtype: str
     shape: tuple[int, ...]
-    path: str
-    mem: mmap.mmap | bytearray
+    place: Place
     sealed: bool = False
     digests: list[int] = field(default_factory=list)
     copies: list[str] = field(default_factory=list)
@@ -34,6 +34,14 @@ class Blob:
     refs: int = 0  # requests serving it right now (reads, relay answers, replication pushes)
     dead: bool = False  # deleted: its file is freed when the last holder releases it
     mapped: bool = False  # a client writes it through its own mapping (allocate): never pooled unsealed
+
+    @property
+    def path(self) -> str:
+        return self.place.path
+
+    @property
+    def mem(self) -> mmap.mmap | bytearray | memoryview:
+        return self.place.mem
 
     @property
     def itemsize(self) -> int:
@@ -49,8 +57,14 @@ class Blob:
             "sealed": self.sealed, "copies": list(self.copies),
         }  # fmt: skip
         if local:  # what a same-host client needs to map and verify the blob itself
-            out.update(path=self.path, chunk=CHUNK, digests=self.digests)
+            out.update(self.where(), chunk=CHUNK, digests=self.digests)
         return out
+
+    def where(self) -> dict[str, Any]:
+        """Where a same-host client maps the blob: `span` bytes of the file at `path`, the blob `nbytes`
+        at `offset` in them (every answer that hands out a blob's memory says all four)."""
+        p = self.place
+        return {"path": p.path, "offset": p.offset, "span": p.span or self.nbytes, "nbytes": self.nbytes}
 
     def release(self) -> None:
         if isinstance(self.mem, mmap.mmap):

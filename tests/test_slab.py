@@ -11,6 +11,7 @@ from itertools import pairwise
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from tenplex.store.shm import shm_root
 from tenplex.store.slab import Slab
 from tenplex.store.tmpfs import HUGE_PAGE
 
@@ -35,8 +36,9 @@ def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
 @given(huge=st.booleans(), ops=ops)
 @example(huge=True, ops=[("take", 1), ("take_huge", 1), ("give", 0), ("take_huge", 2)])
 @example(huge=False, ops=[("take", 2), ("take", 3), ("give", 0), ("give", 0), ("take", 5)])
+@example(huge=True, ops=[("punch", 0), ("punch", 1), ("take", 1), ("punch", 600)])
 def test_ranges_never_overlap_live_or_dead_ones_and_free_ones_merge(huge, ops):
-    with tempfile.TemporaryDirectory(dir="/dev/shm") as d:
+    with tempfile.TemporaryDirectory(dir=shm_root()) as d:
         slab = Slab(d, 4 * HUGE_PAGE, huge)
         live: list[tuple[int, int, int]] = []  # (offset, length, the byte it holds)
         dead: list[tuple[int, int]] = []  # retired or punched: never handed out again
@@ -64,10 +66,16 @@ def test_ranges_never_overlap_live_or_dead_ones_and_free_ones_merge(huge, ops):
                         slab.retire(at, n)
                         dead.append((at, n))
                 elif op == "punch":
-                    before = list(slab._free)
-                    given_back = slab.punch(arg * PAGE)
-                    gone = [r for r in before if r not in slab._free]
-                    assert given_back == sum(n for _, n in gone) >= min(arg * PAGE, sum(n for _, n in before))
+                    before, ask = list(slab._free), arg * PAGE
+                    given_back = slab.punch(ask)
+                    after = dict(slab._free)
+                    assert all(after.get(a, 0) <= n for a, n in before) and len(after) <= len(before)
+                    gone = [
+                        (a + after.get(a, 0), n - after.get(a, 0)) for a, n in before if after.get(a, 0) < n
+                    ]
+                    assert given_back == sum(n for _, n in gone) >= min(ask, sum(n for _, n in before))
+                    unit = slab.align(HUGE_PAGE)
+                    assert given_back < ask + unit  # cut to what was asked, not whole ranges
                     dead += gone
                 free = slab._free
                 assert free == sorted(free) and all(n > 0 for _, n in free)

@@ -219,6 +219,25 @@ def test_a_located_blob_is_not_reused_until_its_lease_ends(store):
     assert c.stats()["memory_used"] == 0
 
 
+def test_an_abandoned_writers_memory_is_never_given_to_another_blob(store):
+    """A writer allocated a blob and never sealed it; its version is deleted and a new save of the same
+    size written. The writer's array still maps the old memory: whatever it writes now must not reach
+    the new save (a file is unlinked, a reserve range punched out and never handed out again)."""
+    c = store.client(local=True)
+    job, n = "abandoned-writer", 1 << 16
+    stale = c.allocate_blob(job, 1, "w", "float32", (n,))
+    c.delete_version(job, 1)  # dropped unsealed
+    for step in (2, 3):  # the second save may take whatever the first one's deletion freed
+        c.write_blob(job, step, "w", np.full(n, step, np.float32))
+        c.commit(job, step, None)
+    stale[:] = -1  # the abandoned writer goes on writing
+    for step in (2, 3):
+        out = np.empty(n, np.float32)
+        c.read_box(job, step, "w", Box.full(out.shape), out)
+        assert (out == step).all()
+    c.delete_job(job)
+
+
 def _answer(parts: list[bytes], trailer: list[int], skews: list[int]) -> tuple[bytes, int]:
     import json
 

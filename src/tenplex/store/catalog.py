@@ -42,9 +42,9 @@ class Catalog:
     # ---- memory
 
     def new_blob(self, name: str, dtype: str, shape: tuple[int, ...]) -> Blob:
-        """Reserve memory and create the file of a blob that is not in the catalog yet."""
+        """Count and take the memory of a blob that is not in the catalog yet."""
         nbytes = prod(shape) * item_size(dtype)
-        cost = self.arena.footprint(nbytes)  # what the file takes in memory: the limit counts it whole
+        cost = self.arena.footprint(nbytes)  # what it takes in memory: the limit counts it whole
         with self.lock:
             if self.used + cost > self.limit:
                 raise MemoryLimitError(
@@ -79,7 +79,7 @@ class Catalog:
         self.free(self.arena.footprint(blob.nbytes))
         if blob.mapped and not blob.sealed:
             self.arena.discard(blob.place, blob.nbytes)
-        else:  # to the pool, for the next blob of the same size
+        else:  # to the reserve's free ranges, or the pool for the next blob of the same size
             self.arena.recycle(blob.place, blob.nbytes)
 
     def hold(self, blob: Blob) -> Blob:

@@ -84,8 +84,8 @@ class Place:
 
     path: str
     mem: mmap.mmap | bytearray | memoryview
-    offset: int = 0
-    span: int = 0
+    offset: int
+    span: int
 
 
 def _alive(pid: int) -> bool:
@@ -165,11 +165,10 @@ class Arena:
     def footprint(self, nbytes: int) -> int:
         """The bytes a blob of `nbytes` takes in memory: its file's size, in whole pages.
 
-        Why a huge-page store rounds a large blob's file up to whole huge pages: tmpfs backs the part of a
-        file not covering a whole huge page with 4 KiB pages, and on a virtual machine those come fresh from
-        the host (~0.4 GB/s here) while the reserve's huge pages are already backed. 53 blobs of 12,266,000
-        bytes took 213-243 ms to allocate from a reserve with exact sizes, 38 ms rounded up. The rounding is
-        done only where it wastes at most an eighth of the blob, so small blobs keep 4 KiB pages."""
+        Why a huge-page store rounds a large blob up to whole huge pages: tmpfs backs the part of a file
+        not covering a whole huge page with 4 KiB pages, and on a virtual machine those come fresh from the
+        host (~0.4 GB/s here) while huge pages freed a moment before are still backed. The rounding is done
+        only where it wastes at most an eighth of the blob, so small blobs keep 4 KiB pages."""
         whole = round_up(nbytes)
         if self.memory.huge and whole - nbytes <= nbytes // 8:
             return whole

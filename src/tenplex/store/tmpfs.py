@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import mmap
 import os
 import re
@@ -93,7 +94,9 @@ def open_memory(root: str, name: str, size: int, huge: str = "auto") -> StoreMem
     return StoreMemory(f"/proc/{os.getpid()}/root{mountpoint}", mountpoint, True)
 
 
+@functools.cache
 def libc() -> ctypes.CDLL:
+    """The C library, loaded once (`find_library` runs `ldconfig`)."""
     return ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 
 

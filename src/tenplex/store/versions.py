@@ -21,7 +21,7 @@ _SAVE_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 @dataclass(eq=False)
 class Blob:
-    """One shard blob: C-order bytes of `shape` × `dtype` in a shared-memory file."""
+    """One shard blob: C-order bytes of `shape` × `dtype` in shared memory (a file or a reserve range)."""
 
     name: str
     dtype: str
@@ -32,7 +32,7 @@ class Blob:
     copies: list[str] = field(default_factory=list)
     origin: str | None = None  # for a replica: the store whose blob this copies
     refs: int = 0  # requests serving it right now (reads, relay answers, replication pushes)
-    dead: bool = False  # deleted: its file is freed when the last holder releases it
+    dead: bool = False  # deleted: its memory is freed when the last holder releases it
     mapped: bool = False  # a client writes it through its own mapping (allocate): never pooled unsealed
 
     @property
@@ -64,7 +64,7 @@ class Blob:
         """Where a same-host client maps the blob: `span` bytes of the file at `path`, the blob `nbytes`
         at `offset` in them (every answer that hands out a blob's memory says all four)."""
         p = self.place
-        return {"path": p.path, "offset": p.offset, "span": p.span or self.nbytes, "nbytes": self.nbytes}
+        return {"path": p.path, "offset": p.offset, "span": p.span, "nbytes": self.nbytes}
 
     def release(self) -> None:
         if isinstance(self.mem, mmap.mmap):

@@ -856,3 +856,22 @@ def test_a_store_tied_to_a_script_goes_with_its_memory_when_the_script_crashes(t
     gone = not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"  # ended, not yet reaped
     assert gone, "the store outlived the script that started it"
     assert not os.path.exists(shm), f"the store left {shm} behind"
+
+
+def test_a_pooled_connection_the_store_closed_is_not_used_again(monkeypatch):
+    """A store that restarted (or timed out an idle connection) closed the client's pooled connections: the
+    next request takes a new one at once instead of failing on the old one and backing off to retry."""
+    import tenplex.store.transport as transport
+
+    slept: list[float] = []
+    with start_store(memory_limit="16MiB") as first:
+        port = int(first.url.rsplit(":", 1)[1])
+        c = StoreClient(first.url, token=first.token, local=False)
+        old_pid = c.health()["pid"]
+        assert len(c._pool) == 1
+    with start_store(port=port, memory_limit="16MiB") as again:
+        with monkeypatch.context() as m:  # time.sleep is the backoff between attempts (and only that here)
+            m.setattr(transport.time, "sleep", slept.append)
+            pid = c.health()["pid"]
+        assert again.url == c.url and pid not in (old_pid, None)
+    assert slept == []  # no failed attempt, so no backoff

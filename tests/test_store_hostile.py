@@ -377,8 +377,8 @@ def test_a_full_store_reports_memory_limit_to_a_client_still_sending(store):
 class Listener:
     """A plain TCP listener that records whatever a daemon sends it and answers 404."""
 
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
+    def __init__(self, port: int = 0) -> None:
+        self.sock = socket.create_server(("127.0.0.1", port))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.got = b""
         self.thread = threading.Thread(target=self._serve, daemon=True)
@@ -437,6 +437,38 @@ def test_the_daemon_never_sends_its_token_to_an_address_it_was_told_about(store,
         c.fetch_remote(same.url, "remote", 1, "w", None, out)
         assert out.tobytes() == KNOWN.tobytes()
         c.drop_relay("remote", 1)
+    still_fine(store)
+
+
+def test_a_kept_peer_connection_is_reused_and_a_port_that_changed_hands_gets_no_token(store, tmp_path):
+    """The daemon keeps its proven connections to a peer store and reuses them (no new connection, no new
+    proof per fetch); when that store stops and a listener takes its port, the next fetch finds the kept
+    connection closed, asks for a proof on a new one, and sends the listener nothing else."""
+    TRIED.add("relay to a port that changed hands")
+    c = store.client(local=False)
+    same_tf = tmp_path / "same"
+    same_tf.write_text(TOKEN + "\n")
+    with start_store(token_file=str(same_tf)) as same:
+        url = same.url
+        for step in (1, 2, 3):
+            same.client().write_blob("remote", step, "w", KNOWN)
+            same.client().commit("remote", step, None)
+        out = np.empty_like(KNOWN)
+        c.fetch_remote(url, "remote", 1, "w", None, out)
+        accepted = same.client(local=False).stats()["accepted"]  # this stats request's connection counted
+        for step in (2, 3):
+            c.fetch_remote(url, "remote", step, "w", None, out)
+            assert out.tobytes() == KNOWN.tobytes()
+        assert same.client(local=False).stats()["accepted"] == accepted + 1  # only the new stats client's
+    ear = Listener(int(url.rsplit(":", 1)[1]))
+    try:
+        with pytest.raises(AuthError, match="did not prove"):
+            c.fetch_remote(url, "remote", 4, "w", None, np.empty_like(KNOWN))
+    finally:
+        ear.close()
+    assert TOKEN.encode() not in ear.got and b"/v1/hello" in ear.got
+    for step in (1, 2, 3):
+        c.drop_relay("remote", step)
     still_fine(store)
 
 

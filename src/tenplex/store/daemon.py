@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +33,7 @@ from .shm import Arena
 from .transport import DEFAULT_PORT, PREAMBLE
 
 log = logs.get("store")
+MAX_PEERS = 64  # peer stores whose clients (and idle connections) are kept
 
 
 class Daemon(Server):
@@ -60,19 +62,32 @@ class Daemon(Server):
             log.warning("%s; blobs go to the plain directory", self.arena.memory.notice)
         self.catalog = Catalog(self.arena, min(memory_limit, self.arena.capacity()))
         self.replicator = Replicator(self.catalog, self.url, self.peer, peers or [], replicas)
+        self._peer_clients: dict[str, StoreClient] = {}
+        self._clients_lock = threading.Lock()
         self.relay = RelayCache(self.catalog, self.peer)
         self.datasets = Registry()
 
     def peer(self, url: str) -> StoreClient:
-        """A network client of another store for relay fetches and replica pushes; it carries this store's
-        token only after that store proved it holds the same one (`peers.check_peer`)."""
-        return proven_client(url, self.token)
+        """The network client of another store for relay fetches and replica pushes, kept per URL so that
+        its connections are reused; it carries this store's token only on connections where that store
+        proved it holds the same one (`peers.prove`)."""
+        with self._clients_lock:
+            c = self._peer_clients.pop(url, None) or proven_client(url, self.token)
+            self._peer_clients[url] = c  # the most recently used last
+            old = [self._peer_clients.pop(u) for u in list(self._peer_clients)[:-MAX_PEERS]]
+        for o in old:
+            o.close()
+        return c
 
     def close(self) -> None:
         """Stop serving and release every blob file and the shared-memory directory."""
         super().close()
         self.catalog.close()
         self.relay.close()
+        with self._clients_lock:
+            peers, self._peer_clients = list(self._peer_clients.values()), {}
+        for c in peers:
+            c.close()
         self.arena.close()
 
     def end_leases(self, leases: dict[int, list[Any]]) -> None:

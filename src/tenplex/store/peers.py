@@ -5,7 +5,9 @@ The asker sends a fresh nonce and the URL it dialed to `POST /v1/hello` (the one
 the token); a store answers HMAC(token, nonce, URL) only for a URL that is its own (its port, and a host
 that is its advertised name, loopback or one of its addresses: no DNS lookup on the caller's behalf). So a
 listener that took a dead store's port cannot answer, and it cannot borrow the answer of a real store
-either: that store refuses to vouch for an address that is not its own.
+either: that store refuses to vouch for an address that is not its own. The proof is asked on each new
+connection, which then carries the token: a proven connection is kept and reused (a process that takes the
+port later cannot join a connection already made), a new one proves itself again.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import hmac
 import ipaddress
 import secrets
 import socket
+from functools import partial
 
 from .client import StoreClient
 from .errors import AuthError, BadRequestError, StoreError, StoreUnavailable
+from .protocol import Conn
 from .transport import Transport, parse_url
 
 _DOMAIN = b"tenplex-store-hello\0"
@@ -69,28 +73,27 @@ def _is_wildcard(host: str) -> bool:
     return host in ("0.0.0.0", "::", "")
 
 
-def check_peer(url: str, token: str | None, timeout: float = 10.0) -> None:
-    """Raise AuthError unless the store at `url` proves it holds `token` (nothing to prove without one)."""
-    if token is None:
-        return
+def prove(conn: Conn, url: str, token: str) -> None:
+    """Raise AuthError unless the store at the other end of `conn` proves it holds `token`. Asked on the
+    very connection that then carries the token, so no listener can take the store's place in between."""
     nonce = secrets.token_hex(16)
-    t = Transport(url, token="", local=False, timeout=timeout, retries=1)
-    try:
-        answer = t.request("POST", "/v1/hello", {"nonce": nonce, "url": url.rstrip("/")})
+    t = Transport(url, token="", local=False, retries=0)
+    try:  # `hold`: the connection stays the caller's, never pooled here
+        answer = t.request("POST", "/v1/hello", {"nonce": nonce, "url": url.rstrip("/")}, hold=[], conn=conn)
     except StoreUnavailable:
         raise
     except StoreError as e:  # not a store, an old one, or one that does not answer for this URL
         raise AuthError(
             f"{url} did not prove it holds this store's token ({e}); nothing is sent there"
         ) from None
-    finally:
-        t.close()
     got = answer.get("proof") if isinstance(answer, dict) else None
     if not isinstance(got, str) or not hmac.compare_digest(got, proof(token, nonce, url)):
         raise AuthError(f"{url} did not prove it holds this store's token; nothing is sent there")
 
 
 def proven_client(url: str, token: str | None) -> StoreClient:
-    """A network client of the store at `url`, carrying `token` only once that store proved it holds it."""
-    check_peer(url, token)
-    return StoreClient(url, token=token or "", local=False)
+    """A network client of the store at `url` that carries `token` only on connections where that store
+    proved it holds it (each new connection proves it first; nothing to prove without a token)."""
+    if token is None:
+        return StoreClient(url, token="", local=False)
+    return StoreClient(url, token=token, local=False, on_connect=partial(prove, url=url, token=token))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import struct
 import time
@@ -49,6 +50,18 @@ class Conn:
             self.sock.close()
         except OSError:
             pass
+
+    def open(self) -> bool:
+        """Whether an idle connection can still carry a request: nothing buffered or readable on it (a
+        readable idle socket is one the other side closed, or one that sent what nobody asked for)."""
+        if self._buf:
+            return False
+        try:
+            poller = select.poll()  # not select(): no limit on the descriptor's number
+            poller.register(self.sock, select.POLLIN)
+            return not poller.poll(0)
+        except (OSError, ValueError):
+            return False
 
     # ---- reading
 

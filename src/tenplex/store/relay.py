@@ -35,6 +35,7 @@ class RelayCache:
         self.catalog, self.connect = catalog, connect
         self.blobs: dict[Key, Blob] = {}
         self._pending: dict[Key, threading.Event] = {}
+        self._listings: dict[tuple[str, str, int, str], dict[str, dict]] = {}  # a peer's blobs of a save
         self._lock = threading.Lock()
 
     def get(self, body: dict[str, Any]) -> list[Blob]:
@@ -88,10 +89,10 @@ class RelayCache:
     def _fetch(
         self, peer: str, job: str, step: int, save_id: str | None, items: list[tuple[str, Any]]
     ) -> list[Blob]:
-        c = self.connect(peer)  # a fresh client each time: the peer proves itself before each fetch
+        c = self.connect(peer)  # kept per peer: each new connection of it is proven before use
         made: list[Blob] = []
         try:
-            infos = {i["name"]: i for i in c.blobs(job, step, save_id)}
+            infos = self._listing(c, peer, job, step, save_id, [name for name, _ in items])
             reads = []
             for name, raw in items:
                 info = infos.get(name)
@@ -110,19 +111,35 @@ class RelayCache:
             for blob in made:
                 self.catalog.drop(blob)
             raise
-        finally:
-            c.close()
         for blob, read in zip(made, reads):  # each piece's array is its whole blob, so those are its own
             known = sums.get(id(read[5]))
             blob.digests = known if known is not None else chunk_digests(memoryview(blob.mem))
             blob.sealed = True
         return made
 
+    def _listing(
+        self, c: StoreClient, peer: str, job: str, step: int, save_id: str | None, names: list[str]
+    ) -> dict[str, dict]:
+        """The peer's blobs of the version by name, asked once per save: the blobs of a save never change
+        (a later save of the step has another id), and a listing that lacks a name is asked again. A
+        listing only says what to allocate; the read itself is of that save and checked."""
+        key = (peer, job, step, save_id or "")
+        with self._lock:
+            known = self._listings.get(key) if save_id is not None else None
+        if known is None or not all(n in known for n in names):
+            known = {i["name"]: i for i in c.blobs(job, step, save_id)}
+            if save_id is not None:
+                with self._lock:
+                    self._listings[key] = known
+        return known
+
     def drop(self, job: str, step: int | None) -> int:
         """Free cached pieces of `job` (at `step`, or every step when None)."""
         with self._lock:
             keys = [k for k in self.blobs if k[1] == job and (step is None or k[2] == step)]
             gone = [self.blobs.pop(k) for k in keys]
+            for k in [k for k in self._listings if k[1] == job and (step is None or k[2] == step)]:
+                del self._listings[k]
         for b in gone:
             self.catalog.drop(b)
         return len(gone)
@@ -130,5 +147,6 @@ class RelayCache:
     def close(self) -> None:
         with self._lock:
             gone, self.blobs = list(self.blobs.values()), {}
+            self._listings.clear()
         for b in gone:
             b.release()

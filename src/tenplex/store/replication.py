@@ -121,20 +121,17 @@ class Replicator:
     def _push(self, push: _Push, own: list) -> None:
         job, step, v, me = push.job, push.step, push.v, self.url
         for peer in push.targets:
-            c = self.connect(peer)
-            try:
-                c.create_version(job, step, save_id=v.save_id, replica_of=me)
-                for b in own:
-                    if push.cancelled.is_set():
-                        raise _Cancelled
-                    pieces = chunks(memoryview(b.mem))
-                    c.put_raw(job, step, b.name, b.dtype, b.shape, pieces, b.digests, replica_of=me,
-                              save_id=v.save_id)  # fmt: skip
+            c = self.connect(peer)  # the daemon's client of that peer, shared: not closed here
+            c.create_version(job, step, save_id=v.save_id, replica_of=me)
+            for b in own:
                 if push.cancelled.is_set():
                     raise _Cancelled
-                info = c.commit(job, step, v.manifest, replica_of=me, save_id=v.save_id)
-            finally:
-                c.close()
+                pieces = chunks(memoryview(b.mem))
+                c.put_raw(job, step, b.name, b.dtype, b.shape, pieces, b.digests, replica_of=me,
+                          save_id=v.save_id)  # fmt: skip
+            if push.cancelled.is_set():
+                raise _Cancelled
+            info = c.commit(job, step, v.manifest, replica_of=me, save_id=v.save_id)
             if not info.get("committed") or info.get("save_id") != v.save_id:
                 raise StoreError(f"{peer} did not commit the copy of save {v.save_id}: {info}")
             with self.catalog.lock:

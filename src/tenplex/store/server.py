@@ -77,6 +77,7 @@ class Server:
         self.routes = routes
         self.counters = {
             "requests": 0,
+            "accepted": 0,  # connections
             "errors": 0,
             "bytes_in": 0,
             "bytes_out": 0,
@@ -157,6 +158,7 @@ class Server:
             if not full:
                 self.conns.add(client)
                 self._peers[peer] += 1
+                self.counters["accepted"] += 1
         if full:
             self.count("refused")
             _reject(client, "too many connections")

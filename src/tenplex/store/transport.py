@@ -85,11 +85,15 @@ class Transport:
         local: bool | None = None,
         timeout: float = 120.0,
         retries: int = 3,
+        on_connect: Callable[[Conn], None] | None = None,
     ) -> None:
+        """`on_connect`: run on every new connection before it carries a request (a peer store proves
+        itself there, `peers.prove`); what it raises is raised, and the connection is closed."""
         self.url = (url or default_url()).rstrip("/")
         self.host, self.port = parse_url(self.url)
         self.token = token if token is not None else default_token()
         self.timeout, self.retries = timeout, retries
+        self.on_connect = on_connect
         self._local = local
         self.use_unix = local is not False  # a client told the store is remote (local=False) stays on TCP
         self._unix: str | None = None  # the store's Unix socket once known ("" for none / not trusted)
@@ -129,9 +133,24 @@ class Transport:
         return self.request("GET", "/v1/health")
 
     def _conn(self) -> Conn:
-        with self._lock:
-            if self._pool:
-                return self._pool.pop()
+        while True:
+            with self._lock:
+                if not self._pool:
+                    break
+                conn = self._pool.pop()
+            if conn.pending or conn.open():
+                return conn
+            conn.close()  # the store closed it while it was idle (its idle timeout, a restart)
+        conn = self._new_conn()
+        if self.on_connect is not None:
+            try:
+                self.on_connect(conn)
+            except BaseException:
+                conn.close()
+                raise
+        return conn
+
+    def _new_conn(self) -> Conn:
         if self.use_unix:
             if self._unix is None:
                 self._probe(connect(self.host, self.port, self.timeout))

@@ -510,9 +510,13 @@ class StoreClient(DatasetClient):
             "save_id": save_id,
         }  # fmt: skip
 
-    def drop_relay(self, job: str, step: int) -> int:
-        """Free the relay cache entries of (job, step); returns how many were dropped."""
+    def drop_relay(self, job: str, step: int, wait: bool = True) -> int | None:
+        """Free the relay cache entries of (job, step); returns how many were dropped. `wait=False` sends
+        the request without waiting for its answer (None; read by the connection's next user)."""
         payload = {"job": check_job(job), "step": check_step(step)}
+        if not wait:
+            self.send_only(self._conn(), "POST", "/v1/relay/drop", payload)
+            return None
         return self.request("POST", "/v1/relay/drop", payload)["dropped"]
 
 

@@ -218,9 +218,10 @@ def _timed(bd: Breakdown, kind: str, fn: Callable[[], None]) -> None:
 
 def drop_relays(job: str, step: int, url: str, stores: list[str], me: int) -> None:
     """The lowest rank of each store frees that store's relay cache once everyone has loaded
-    (`stores`: each rank's store)."""
+    (`stores`: each rank's store), without waiting for the answer: the pieces still held are freed when
+    their holds end, and nothing waits on the drop."""
     if stores.index(url) == me:
         try:
-            client(url).drop_relay(job, step)
+            client(url).drop_relay(job, step, wait=False)
         except StoreError:
             pass

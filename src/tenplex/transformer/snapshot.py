@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -99,11 +100,11 @@ def choose(
     every blob it will be read from checked against its piece. Raises NoSnapshotError when there is none
     and StateError when the stores misbehave (a job must not silently start over then)."""
     try:
-        found, manifest = _newest(job, step, urls, below)
+        found, manifest, answered = _newest(job, step, urls, below)
         snap = Snapshot(found, manifest)
         if check:
             sid = manifest.get("save_id")
-            lost, snap.remap = _lost_stores(snap.ptc, job, found, manifest.get("replicas", {}), sid)
+            lost, snap.remap = _lost_stores(snap.ptc, job, found, manifest.get("replicas", {}), sid, answered)
             snap.lost = sorted(lost)
             check_blobs(snap.view, job, found, lost, sid)
         return snap
@@ -120,10 +121,13 @@ def newest_step(job: str, stores: list[str]) -> int | None:
         return None
 
 
-def _newest(job: str, step: int | None, urls: list[str], below: int | None = None) -> tuple[int, dict]:
-    """The newest version committed, by one save, on every reachable store it was saved to. A writer that
-    died between its per-store commits leaves a version some stores hide (the one before it is used); a
-    later save of the same step replaces it where it writes, and its save id tells the two apart."""
+def _newest(
+    job: str, step: int | None, urls: list[str], below: int | None = None
+) -> tuple[int, dict, set[str]]:
+    """The newest version committed, by one save, on every reachable store it was saved to, its manifest,
+    and the stores that answered. A writer that died between its per-store commits leaves a version some
+    stores hide (the one before it is used); a later save of the same step replaces it where it writes,
+    and its save id tells the two apart."""
     where: dict[int, dict[str | None, str]] = defaultdict(dict)  # step -> save id -> a store holding it
     ids: dict[str, dict[int, str | None] | None] = {}  # None: the store does not answer (asked once)
     errors = []
@@ -143,7 +147,7 @@ def _newest(job: str, step: int | None, urls: list[str], below: int | None = Non
             if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
                 raise NoSnapshotError(f"version {s} of job {job!r} is not a tenplex snapshot")
             if all(_holds(u2, job, s, sid, ids) for u2 in manifest.get("stores", [])):
-                return s, manifest
+                return s, manifest, {u for u, known in ids.items() if known is not None}
     what = f"step {step} of " if step is not None else (f"a step before {below} of " if below else "")
     raise NoSnapshotError(
         f"no committed version of {what}job {job!r} in stores {urls}"
@@ -164,12 +168,18 @@ def _holds(url: str, job: str, step: int, save_id: str | None, known: dict) -> b
 
 
 def _lost_stores(
-    old: PTC, job: str, step: int, replicas: dict[str, list[str]], save_id: str | None = None
+    old: PTC,
+    job: str,
+    step: int,
+    replicas: dict[str, list[str]],
+    save_id: str | None = None,
+    answered: AbstractSet[str] = frozenset(),
 ) -> tuple[set[str], dict[str, str]]:
-    """Old stores that do not answer; those whose blobs of this save (`save_id`) a replica store holds are
-    remapped to it (a copy of another save of the step, with the same blob names, never is)."""
+    """Old stores that do not answer (those in `answered` did a moment ago: not asked again); those whose
+    blobs of this save (`save_id`) a replica store holds are remapped to it (a copy of another save of the
+    step, with the same blob names, never is)."""
     down = set()
-    for url in sorted(set(old.mesh.hosts)):
+    for url in sorted(set(old.mesh.hosts) - answered):
         try:
             client(url).health()
         except StoreError:

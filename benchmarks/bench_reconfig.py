@@ -40,7 +40,8 @@ the floor), `x_floor_verified` = tenplex / the verified floor. `first_total_s`, 
 `x_dcp_disk_first`: the first repetition alone, tenplex and DCP alike (what `--repeat 1` measures: a
 job's first reconfiguration).
 
-    python benchmarks/bench_reconfig.py                # ~1.2 GB of state, 2 repetitions: about 7-8 minutes
+    python benchmarks/bench_reconfig.py                # ~1.2 GB of state, 2 repetitions: about 3-4 minutes
+    python benchmarks/bench_reconfig.py --repeat 3     # what results/ holds (best of 3): about 4-5 minutes
     python benchmarks/bench_reconfig.py --repeat 1     # about 4 minutes
     python benchmarks/bench_reconfig.py --quick --repeat 1   # ~0.3 GB: about 2 minutes
     # the reference's tensors with 5 MB of bytes: what a save and a load cost beyond their bytes

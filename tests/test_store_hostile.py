@@ -472,6 +472,31 @@ def test_a_kept_peer_connection_is_reused_and_a_port_that_changed_hands_gets_no_
     still_fine(store)
 
 
+def test_a_peer_that_never_answers_the_proof_is_given_up_on_in_time():
+    """A listener that accepts and stays silent holds a proof for its timeout, not for the connection's
+    long one (a relay fetch would otherwise hang there), and learns nothing."""
+    from tenplex.store.errors import StoreUnavailable
+    from tenplex.store.peers import prove
+    from tenplex.store.protocol import connect
+
+    TRIED.add("a peer silent on the proof")
+    silent = socket.create_server(("127.0.0.1", 0))
+    try:
+        port = silent.getsockname()[1]
+        conn = connect("127.0.0.1", port, 120.0)
+        t = time.monotonic()
+        with pytest.raises(StoreUnavailable):
+            prove(conn, f"http://127.0.0.1:{port}", TOKEN, timeout=0.5)
+        assert time.monotonic() - t < 5
+        c, _ = silent.accept()
+        c.settimeout(1)
+        assert TOKEN.encode() not in c.recv(65536)
+        c.close()
+        conn.close()
+    finally:
+        silent.close()
+
+
 def test_a_store_requires_a_token_by_default_and_same_user_clients_find_it(tmp_path, monkeypatch):
     """No --token-file, loopback: the daemon writes ~/.tenplex/store.token (0600) and requires it; a client
     of the same user sends it with no configuration; a TCP client without it gets 401."""

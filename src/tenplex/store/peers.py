@@ -12,6 +12,7 @@ port later cannot join a connection already made), a new one proves itself again
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import ipaddress
@@ -73,11 +74,14 @@ def _is_wildcard(host: str) -> bool:
     return host in ("0.0.0.0", "::", "")
 
 
-def prove(conn: Conn, url: str, token: str) -> None:
-    """Raise AuthError unless the store at the other end of `conn` proves it holds `token`. Asked on the
-    very connection that then carries the token, so no listener can take the store's place in between."""
+def prove(conn: Conn, url: str, token: str, timeout: float = 10.0) -> None:
+    """Raise AuthError unless the store at the other end of `conn` proves it holds `token` (within
+    `timeout` seconds). Asked on the very connection that then carries the token, so no listener can take
+    the store's place in between."""
     nonce = secrets.token_hex(16)
     t = Transport(url, token="", local=False, retries=0)
+    before = conn.sock.gettimeout()
+    conn.sock.settimeout(timeout)
     try:  # `hold`: the connection stays the caller's, never pooled here
         answer = t.request("POST", "/v1/hello", {"nonce": nonce, "url": url.rstrip("/")}, hold=[], conn=conn)
     except StoreUnavailable:
@@ -86,6 +90,9 @@ def prove(conn: Conn, url: str, token: str) -> None:
         raise AuthError(
             f"{url} did not prove it holds this store's token ({e}); nothing is sent there"
         ) from None
+    finally:
+        with contextlib.suppress(OSError):  # closed when the answer said so: the caller drops it
+            conn.sock.settimeout(before)
     got = answer.get("proof") if isinstance(answer, dict) else None
     if not isinstance(got, str) or not hmac.compare_digest(got, proof(token, nonce, url)):
         raise AuthError(f"{url} did not prove it holds this store's token; nothing is sent there")

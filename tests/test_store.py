@@ -875,3 +875,37 @@ def test_a_pooled_connection_the_store_closed_is_not_used_again(monkeypatch):
             pid = c.health()["pid"]
         assert again.url == c.url and pid not in (old_pid, None)
     assert slept == []  # no failed attempt, so no backoff
+
+
+def test_relay_fetches_of_one_save_that_start_together_list_its_blobs_once(request):
+    """Four ranks' relay requests for different blobs of one save reach the store together: it lists the
+    peer's blobs once for all of them (the rest of the peer's requests are the reads and the proofs of
+    new connections), and each gets its own bytes."""
+    job = job_name(request)
+    with start_store(memory_limit="64MiB") as remote, start_store(memory_limit="64MiB") as here:
+        rc = remote.client(local=False)
+        blobs = {f"w{i}": sample("float32", (64, 32), i) for i in range(4)}
+        save_id = "5a7e" * 8
+        rc.create_version(job, 1, save_id=save_id)
+        rc.write_blobs(job, 1, [(n, a, None) for n, a in blobs.items()], save_id=save_id)
+        assert rc.commit(job, 1, None, save_id=save_id)["save_id"] == save_id
+        before = rc.stats()
+        start = threading.Barrier(len(blobs))
+        outs = {n: np.empty_like(a) for n, a in blobs.items()}
+
+        def fetch(name: str) -> None:
+            c = here.client(local=False)
+            start.wait()
+            c.fetch_remote_many(remote.url, job, 1, [(name, None, outs[name])], save_id)
+
+        threads = [threading.Thread(target=fetch, args=(n,)) for n in blobs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        after = rc.stats()
+        for n, a in blobs.items():
+            np.testing.assert_array_equal(outs[n], a)
+        proofs = after["accepted"] - before["accepted"]
+        # requests: one listing + one read per blob + a proof per new connection + the second stats call
+        assert after["requests"] - before["requests"] == 1 + len(blobs) + proofs + 1

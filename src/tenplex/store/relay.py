@@ -36,6 +36,7 @@ class RelayCache:
         self.blobs: dict[Key, Blob] = {}
         self._pending: dict[Key, threading.Event] = {}
         self._listings: dict[tuple[str, str, int, str], dict[str, dict]] = {}  # a peer's blobs of a save
+        self._listing_locks: dict[tuple[str, str, int, str], threading.Lock] = {}
         self._lock = threading.Lock()
 
     def get(self, body: dict[str, Any]) -> list[Blob]:
@@ -123,12 +124,16 @@ class RelayCache:
         """The peer's blobs of the version by name, asked once per save: the blobs of a save never change
         (a later save of the step has another id), and a listing that lacks a name is asked again. A
         listing only says what to allocate; the read itself is of that save and checked."""
-        key = (peer, job, step, save_id or "")
-        with self._lock:
-            known = self._listings.get(key) if save_id is not None else None
-        if known is None or not all(n in known for n in names):
-            known = {i["name"]: i for i in c.blobs(job, step, save_id)}
-            if save_id is not None:
+        if save_id is None:
+            return {i["name"]: i for i in c.blobs(job, step, save_id)}
+        key = (peer, job, step, save_id)
+        with self._lock:  # fetches of one save that start together wait for one listing (single flight)
+            one = self._listing_locks.setdefault(key, threading.Lock())
+        with one:
+            with self._lock:
+                known = self._listings.get(key)
+            if known is None or not all(n in known for n in names):
+                known = {i["name"]: i for i in c.blobs(job, step, save_id)}
                 with self._lock:
                     self._listings[key] = known
         return known
@@ -138,8 +143,9 @@ class RelayCache:
         with self._lock:
             keys = [k for k in self.blobs if k[1] == job and (step is None or k[2] == step)]
             gone = [self.blobs.pop(k) for k in keys]
-            for k in [k for k in self._listings if k[1] == job and (step is None or k[2] == step)]:
-                del self._listings[k]
+            for k in [k for k in self._listing_locks if k[1] == job and (step is None or k[2] == step)]:
+                self._listings.pop(k, None)
+                del self._listing_locks[k]
         for b in gone:
             self.catalog.drop(b)
         return len(gone)
@@ -148,5 +154,6 @@ class RelayCache:
         with self._lock:
             gone, self.blobs = list(self.blobs.values()), {}
             self._listings.clear()
+            self._listing_locks.clear()
         for b in gone:
             b.release()

@@ -909,3 +909,31 @@ def test_relay_fetches_of_one_save_that_start_together_list_its_blobs_once(reque
         proofs = after["accepted"] - before["accepted"]
         # requests: one listing + one read per blob + a proof per new connection + the second stats call
         assert after["requests"] - before["requests"] == 1 + len(blobs) + proofs + 1
+
+
+def test_a_kept_listing_never_lets_a_relay_answer_with_another_saves_bytes(request):
+    """The relay keeps a peer's listing of a save. When the peer's step is replaced by another save with a
+    blob of the same name but another shape and dtype, a request for the first save gets NotFound (not the
+    new bytes), and a request for the new save gets the new bytes with their own shape."""
+    job = job_name(request)
+    first, second = "a1" * 16, "b2" * 16
+    with start_store(memory_limit="64MiB") as remote, start_store(memory_limit="64MiB") as here:
+        rc, hc = remote.client(local=False), here.client(local=False)
+        old = sample("float32", (8, 8), 1)
+        rc.create_version(job, 1, save_id=first)
+        rc.write_blobs(job, 1, [("w", old, None)], save_id=first)
+        rc.commit(job, 1, None, save_id=first)
+        top = np.empty((4, 8), np.float32)
+        hc.fetch_remote_many(remote.url, job, 1, [("w", Box((0, 0), (4, 8)), top)], first)  # lists the save
+        np.testing.assert_array_equal(top, old[:4])
+        rc.delete_version(job, 1)
+        new = sample("float64", (16, 4), 2)
+        rc.create_version(job, 1, save_id=second)
+        rc.write_blobs(job, 1, [("w", new, None)], save_id=second)
+        rc.commit(job, 1, None, save_id=second)
+        with pytest.raises(NotFoundError):  # the kept listing of the first save says (8, 8) float32
+            hc.fetch_remote_many(remote.url, job, 1, [("w", None, np.empty((8, 8), np.float32))], first)
+        got = np.empty((16, 4), np.float64)
+        hc.fetch_remote_many(remote.url, job, 1, [("w", None, got)], second)
+        np.testing.assert_array_equal(got, new)
+        hc.drop_relay(job, 1)

@@ -140,10 +140,13 @@ class RelayCache:
 
     def drop(self, job: str, step: int | None) -> int:
         """Free cached pieces of `job` (at `step`, or every step when None)."""
+
+        def of(key: tuple) -> bool:  # keys of pieces and of listings alike: (peer, job, step, ...)
+            return key[1] == job and (step is None or key[2] == step)
+
         with self._lock:
-            keys = [k for k in self.blobs if k[1] == job and (step is None or k[2] == step)]
-            gone = [self.blobs.pop(k) for k in keys]
-            for k in [k for k in self._listing_locks if k[1] == job and (step is None or k[2] == step)]:
+            gone = [self.blobs.pop(k) for k in [k for k in self.blobs if of(k)]]
+            for k in [k for k in self._listing_locks if of(k)]:
                 self._listings.pop(k, None)
                 del self._listing_locks[k]
         for b in gone:

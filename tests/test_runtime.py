@@ -427,8 +427,17 @@ def test_a_rerun_resumes_after_the_controller_is_killed_mid_reconfiguration(tmp_
     p.wait()
     cluster = json.loads((run_dir / "cluster.json").read_text())
     try:
-        # the new phase started ahead was told to go when step 6 committed: it may have snapshotted since
-        committed = newest_step("resume-test", [s["url"] for s in cluster["stores"].values()])
+        # the new phase started ahead was told to go when step 6 committed: it may have snapshotted since,
+        # and a commit its ranks sent just before they died with the controller may still be landing on the
+        # stores (one after the other): read the newest step once it has held for a second
+        urls = [s["url"] for s in cluster["stores"].values()]
+        committed, settled = newest_step("resume-test", urls), time.time() + 15
+        while time.time() < settled:
+            time.sleep(1.0)
+            now = newest_step("resume-test", urls)
+            if now == committed:
+                break
+            committed = now
         assert committed is not None and committed >= 6
         again = tenplex(*args)
         out, _ = again.communicate(timeout=300)

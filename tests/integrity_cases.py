@@ -40,6 +40,7 @@ def main() -> None:
         out.update(bad=check(target, 2), lost=info.lost_stores, step=info.step)
     dist.barrier()
     write_result(out)
+    dist.destroy_process_group()  # before the interpreter's teardown: gloo aborts there otherwise
 
 
 if __name__ == "__main__":

@@ -1,3 +1,4 @@
+import itertools
 import math
 import pickle
 
@@ -229,6 +230,47 @@ def test_invalid_gpt_layouts():
         gpt_ptc(cfg, 0, 1, 1)
     with pytest.raises(PTCError, match="unknown model"):
         preset("gpt5")
+
+
+@st.composite
+def piece_sets(draw):
+    """A shape and boxes inside it: often a split along one dimension (the usual layouts), sometimes with a
+    piece moved, widened or dropped, sometimes arbitrary boxes."""
+    ndim = draw(st.integers(1, 3))
+    shape = tuple(draw(st.integers(1, 5)) for _ in range(ndim))
+    dim = draw(st.integers(0, ndim - 1))
+    cuts = sorted(set(draw(st.lists(st.integers(1, shape[dim] - 1), max_size=3)) if shape[dim] > 1 else []))
+    edges = [0, *cuts, shape[dim]]
+    boxes = []
+    for a, b in itertools.pairwise(edges):
+        start, stop = [0] * ndim, list(shape)
+        start[dim], stop[dim] = a, b
+        boxes.append((start, stop))
+    for _ in range(draw(st.integers(0, 2))):  # disturb some pieces: gaps, overlaps, both
+        start, stop = boxes[draw(st.integers(0, len(boxes) - 1))]
+        d = draw(st.integers(0, ndim - 1))
+        start[d] = draw(st.integers(0, shape[d] - 1))
+        stop[d] = draw(st.integers(start[d] + 1, shape[d]))
+    if draw(st.booleans()):
+        boxes.append(boxes[-1])
+    return shape, [Box(tuple(a), tuple(b)) for a, b in boxes]
+
+
+@given(piece_sets())
+@settings(max_examples=300, deadline=None)
+def test_explicit_check_accepts_exactly_the_tilings(case):
+    from tenplex.ptc import Explicit, Piece
+
+    shape, boxes = case
+    count = np.zeros(shape, np.int64)
+    for b in boxes:
+        count[b.slices()] += 1
+    placement = Explicit(tuple(Piece(b, (0,)) for b in boxes))
+    if (count == 1).all():
+        placement.check(Mesh.build({"dp": 1}), shape)
+    else:
+        with pytest.raises(PTCError, match=r"do not tile|overlap"):
+            placement.check(Mesh.build({"dp": 1}), shape)
 
 
 def test_explicit_layouts_must_tile_the_tensor():

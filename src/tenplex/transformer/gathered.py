@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,21 +134,30 @@ def build_ptc(layouts: list[RankShards], values: dict | None = None) -> PTC:
         raise StateError(f"two ranks claim the same device id: {devices}")
     mesh = Mesh((("rank", len(layouts)),), tuple(devices), tuple(lay.store for lay in layouts))
     kinds: dict[str, tuple[tuple[int, ...], str]] = {}
-    holders: dict[str, dict[Span, list[int]]] = defaultdict(lambda: defaultdict(list))
+    holders: dict[str, dict[Span, list[int]]] = {}  # tensor -> box -> its holders, in rank order
     for lay in layouts:
+        r = lay.rank
         for name, (shape, dtype, span) in lay.tensors.items():
-            seen = kinds.setdefault(name, (shape, dtype))
-            if seen != (shape, dtype):
+            boxes = holders.get(name)
+            if boxes is None:
+                kinds[name], holders[name] = (shape, dtype), {span: [r]}
+                continue
+            seen = kinds[name]
+            if seen[0] != shape or seen[1] != dtype:
                 raise StateError(
                     f"tensor {name!r} is {seen[1]}{list(seen[0])} on one rank "
                     f"but {dtype}{list(shape)} on rank {lay.rank}"
                 )
-            holders[name][span].append(lay.rank)
+            ranks = boxes.get(span)
+            if ranks is None:
+                boxes[span] = [r]
+            else:
+                ranks.append(r)
     entries = []
     for name, (shape, dtype) in kinds.items():  # each distinct box is made (and checked) once
-        boxes = ((Box(*span), r) for span, r in holders[name].items())
-        pieces = tuple(Piece(b, tuple(sorted(r))) for b, r in boxes if not b.empty)
-        entries.append((TensorMeta(name, shape, dtype), Explicit(pieces)))
+        pieces = (Piece(Box(*span), tuple(sorted(r))) for span, r in holders[name].items())
+        kept = tuple(p for p in pieces if not p.box.empty)
+        entries.append((TensorMeta(name, shape, dtype), Explicit(kept)))
     try:
         return PTC.build(mesh, entries, values)
     except PTCError as e:

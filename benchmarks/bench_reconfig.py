@@ -612,7 +612,7 @@ def main() -> None:
           f"of params + AdamW moments; DCP disk dir on {disk_kind}", flush=True)  # fmt: skip
     # the floor's copies and checksums run on as many cores as the ranks can use (one per rank)
     worlds = [int(h) for h in args.hosts.split(",")] if args.network == "netns" else []
-    procs = min(os.cpu_count() or 1, max([4, *worlds]))
+    procs = min(len(os.sched_getaffinity(0)), max([4, *worlds]))  # the cores this run may use
 
     def floors() -> tuple[float, float, float, float]:
         return (bandwidth("copy", procs), socket_bandwidth(), bandwidth("hash", procs),

@@ -6,9 +6,11 @@ Every call takes the group the job's ranks form (None: the default group), like 
 from __future__ import annotations
 
 import atexit
+import pickle
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import torch
 import torch.distributed as dist
 
 from ..util.net import wait_listening
@@ -29,12 +31,40 @@ def size(group: Group = None) -> int:
     return dist.get_world_size(group) if active() else 1
 
 
+SLOT = 64 << 10  # bytes each rank's object takes in the first round, its 8-byte length included
+ROUND = 4 << 20  # at most this many bytes gathered in a first round (many ranks: smaller slots)
+
+
 def all_gather(obj: Any, group: Group = None) -> list[Any]:
+    """Every rank's `obj`, in rank order: gathered to rank 0 and broadcast from there, in fixed slots;
+    when an object does not fit its slot, once more with slots of the longest. Why not
+    `all_gather_object`: it runs two of gloo's ring all-gathers (lengths, then bytes), each a step per rank
+    and each step waiting for a process that may be off its core. In a 4-rank world on 2 cores it took
+    7.9 ms for `None`, where a gather and a broadcast of 64 KiB slots took 0.9 ms; a save and a load
+    call this five times between them."""
     if not active():
         return [obj]
-    out: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(out, obj, group=group)
-    return out
+    n = size(group)
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    found, lengths = _exchange(data, max(64, min(SLOT, ROUND // n)), n, group)
+    if None in found:
+        found, _ = _exchange(data, max(lengths) + 8, n, group)
+    return [pickle.loads(b) for b in found]
+
+
+def _exchange(data: bytes, slot: int, n: int, group: Group) -> tuple[list[bytes | None], list[int]]:
+    """One gather to rank 0 and one broadcast of every rank's slot (its length, then its bytes if they
+    fit): the bytes of each rank (None where they did not fit) and every rank's length."""
+    mine = torch.zeros(slot, dtype=torch.uint8)
+    mine[:8] = torch.frombuffer(bytearray(len(data).to_bytes(8, "little")), dtype=torch.uint8)
+    if len(data) <= slot - 8:
+        mine[8 : 8 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    every = torch.empty((n, slot), dtype=torch.uint8)
+    dist.gather(mine, list(every) if rank(group) == 0 else None, group=group, group_dst=0)
+    dist.broadcast(every, group=group, group_src=0)
+    raw = every.numpy()
+    lengths = [int.from_bytes(raw[i, :8].tobytes(), "little") for i in range(n)]
+    return [raw[i, 8 : 8 + k].tobytes() if k <= slot - 8 else None for i, k in enumerate(lengths)], lengths
 
 
 def broadcast(obj: Any, group: Group = None) -> Any:

@@ -170,3 +170,9 @@ def test_a_shards_box_follows_the_rank_of_the_process_whatever_meshes_it_saw_bef
     r = subprocess.run([sys.executable, "-c", SHARD_BOXES], capture_output=True, text=True, timeout=120,
                        env=dict(os.environ, PYTHONPATH=str(SRC)))  # fmt: skip
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+
+
+def test_all_gather_matches_torchs_for_objects_in_and_beyond_a_slot(results):
+    for r, res in enumerate(results):
+        assert res["gather"]["world"] == [True] * 4, (r, res["gather"])
+        assert res["gather"]["group"] == ([True] * 4 if r < 3 else []), (r, res["gather"])

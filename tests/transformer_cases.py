@@ -347,6 +347,22 @@ def run_strided(rank: int) -> dict:
     return out
 
 
+def run_gather(groups: dict[int, object], rank: int) -> dict:
+    """`world.all_gather` against torch's `all_gather_object`: objects that fit a slot, one that does not
+    (a second round), each rank's of another size, in the whole world and in the group of ranks 0-2."""
+    from tenplex.transformer import world
+
+    objects = [None, ("r", rank), {"rows": list(range(rank * 9000))}, b"x" * (world.SLOT if rank == 1 else 3)]
+    out = {"world": [], "group": []}
+    for obj in objects:
+        want: list = [None] * dist.get_world_size()
+        dist.all_gather_object(want, obj)
+        out["world"].append(world.all_gather(obj) == want)
+        if rank < 3:
+            out["group"].append(world.all_gather((rank, obj), groups[3]) == list(enumerate(want[:3])))
+    return out
+
+
 def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -358,6 +374,7 @@ def main() -> None:
             "foreign": run_foreign_module(groups, rank),
             "modes": run_modes(groups, rank),
             "strided": run_strided(rank),
+            "gather": run_gather(groups, rank),
         }
     )
     dist.destroy_process_group()

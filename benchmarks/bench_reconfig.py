@@ -24,10 +24,11 @@ TENPLEX_EMULATED_HOSTS=1), one 4-rank gloo world measures in the same run on the
   recv_into preallocated buffers, best of 5; a
   run with a case faster than its floor measured the floor in a slow spell of the machine, and is written
   to a temporary file instead of results/);
-- (e) the verified floor: the floor + (every byte saved + every byte a load reads from a store: kept +
-  same-host + relayed + cross-host) / checksum bandwidth (xxh3 of the 1 MiB chunks of 256 MiB of paged-in
-  memory, measured like the memcpy): a save stores each chunk's checksum and a load writes only bytes it
-  checked (docs/store.md), so this is the cost of the bytes moved and checked once.
+- (e) the verified floor: the saved bytes at the rate of the save's own copy with checksums (each 1 MiB
+  chunk hashed right after it is copied, `copy_hash_GBps`), the rest as in (d), plus every byte a load
+  reads from a store (kept + same-host + relayed + cross-host) / checksum bandwidth (xxh3 of the 1 MiB
+  chunks of 256 MiB of paged-in memory, `checksum_GBps`): a load writes only bytes it checked
+  (docs/store.md), so its check is a pass of its own. All measured like the memcpy, on the same cores.
 
 Before the timed cases an untimed warm-up runs the whole sequence once on a tiny model, with 1 and 2 hosts.
 `--repeat N` runs each case N times (fresh job each time) and keeps the best repetition per measurement.
@@ -74,24 +75,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import multiprocessing
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
-
 from common import print_rows, write_results
+from floors import bandwidth, socket_bandwidth
 from tenplex.ptc.gpt import GPTConfig
 from tenplex.runtime import netns
 from tenplex.store import start_store
-from tenplex.store.checksum import chunk_digests
 from tenplex.util import free_port
 from tenplex.util.format import human_bytes
 from tenplex.util.ranks import RanksFailed, run_local
@@ -136,103 +132,6 @@ PAIRS8 = {
 def state_bytes(model: dict) -> int:
     """Bytes of the state: parameters and both AdamW moments in fp32."""
     return GPTConfig(**model).param_count() * 12
-
-
-def _probe(op: str, nbytes: int, repeat: int, start, results) -> None:
-    """One process of `bandwidth`: its own buffers, paged in and warmed, then `repeat` timed rounds."""
-    src, dst = np.ones(nbytes, np.uint8), np.ones(nbytes, np.uint8)
-    run = (lambda: np.copyto(dst, src)) if op == "copy" else (lambda: chunk_digests(memoryview(src)))
-    run()
-    times = []
-    for _ in range(repeat):
-        start.wait()
-        times.append(_time(run))
-    results.put(times)
-
-
-def bandwidth(op: str, procs: int, nbytes: int = 256 << 20, repeat: int = 9) -> float:
-    """Bytes per second of `op` ("copy": `np.copyto` into paged-in memory; "hash": xxh3 of every 1 MiB
-    chunk, the reader's checksum pass) with `procs` processes at once, each on its own `nbytes`: the bytes
-    of all of them / the slowest one's time, best round of `repeat`. Why several: the ranks copy at once,
-    so the machine's floor is what every core together moves; one thread's figure swung between 13.4 and
-    20.7 GB/s from one session to the next on this VM while two processes together held at ~22 GB/s."""
-    ctx = multiprocessing.get_context("fork")  # numpy only in the children: nothing to re-import
-    start, results = ctx.Barrier(procs), ctx.Queue()
-    ps = [ctx.Process(target=_probe, args=(op, nbytes, repeat, start, results)) for _ in range(procs)]
-    for p in ps:
-        p.start()
-    try:
-        per = [results.get(timeout=300) for _ in ps]
-    finally:
-        for p in ps:
-            p.join(timeout=60)
-    return procs * nbytes / min(max(t[i] for t in per) for i in range(repeat))
-
-
-STREAM_CHUNK = 4 << 20
-
-
-def socket_bandwidth(streams: int = 1, nbytes: int = 256 << 20, repeat: int = 5) -> float:
-    """`streams` loopback TCP streams at once from this process to another, as between two hosts' stores
-    (a relay reads over several connections): `nbytes` in all, each stream 4 MiB sendall / recv_into a
-    preallocated buffer in a thread of its own, timed until the receiver confirms every stream's last byte;
-    best of `repeat`. Two processes, not two threads of one: with both ends in one interpreter the figure
-    fell to 1.5-1.8 GB/s in some runs of this benchmark while the stores' own transfers did not slow down."""
-    part = nbytes // streams
-    payload = memoryview(np.ones(part, np.uint8))
-    srv = socket.create_server(("127.0.0.1", 0), backlog=streams)
-    sink = multiprocessing.get_context("fork").Process(
-        target=_sink, args=(srv.getsockname()[1], part, streams, repeat)
-    )
-    sink.start()
-    times = []
-
-    def send(conn: socket.socket) -> None:
-        for i in range(0, part, STREAM_CHUNK):
-            conn.sendall(payload[i : i + STREAM_CHUNK])
-        if conn.recv(1) != b"k":
-            raise SystemExit("socket probe: the receiver did not confirm the bytes")
-
-    try:
-        for _ in range(repeat):
-            conns = [srv.accept()[0] for _ in range(streams)]
-            t = time.perf_counter()
-            with ThreadPoolExecutor(streams) as pool:
-                list(pool.map(send, conns))
-            times.append(time.perf_counter() - t)
-            for c in conns:
-                c.close()
-    finally:
-        sink.join(timeout=60)
-        srv.close()
-    return part * streams / min(times)
-
-
-def _sink(port: int, part: int, streams: int, repeat: int) -> None:
-    """The receiving end of `socket_bandwidth`: its buffers paged in before the first byte."""
-    sinks = [memoryview(np.ones(part, np.uint8)) for _ in range(streams)]
-
-    def receive(c: socket.socket, sink: memoryview) -> None:
-        got = 0
-        while got < part:
-            n = c.recv_into(sink[got : got + STREAM_CHUNK])
-            if n == 0:
-                return
-            got += n
-        c.sendall(b"k")
-
-    for _ in range(repeat):
-        conns = [socket.create_connection(("127.0.0.1", port)) for _ in range(streams)]
-        with ThreadPoolExecutor(streams) as pool:
-            list(pool.map(receive, conns, sinks))
-        for c in conns:
-            c.close()
-
-
-def _time(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
 
 
 def fs_type(path: Path) -> str:
@@ -396,9 +295,8 @@ def paths(per_rank: list[dict]) -> dict:
             "huge_pages": all(p["huge_pages"] for p in seen)}  # fmt: skip
 
 
-def summarise(
-    ranks: list[dict], mem_bw: float, sock_bw: float, hash_bw: float, shaped_bw: float | None = None
-) -> dict:
+def summarise(ranks: list[dict], bw: dict[str, float], shaped_bw: float | None = None) -> dict:
+    """One case's row; `bw`: the floors' bytes per second (memcpy, socket, checksum, copy_hash)."""
     case = ranks[0]["case"]
     reps = [[r["reps"][i] for r in ranks] for i in range(len(ranks[0]["reps"]))]
     per_rank = reps[0]
@@ -419,13 +317,15 @@ def summarise(
         nic_by_host(per_rank, "nic_central")
     )
     if shaped_bw:  # namespace hosts: the busiest shaped link bounds the cross-host part
-        floor = local / mem_bw + busiest / shaped_bw
+        cross = busiest / shaped_bw
     else:
-        floor = local / mem_bw + plan["cross_host_lower_bound"] / sock_bw
-    # the save hashes what it copies and a load writes only bytes it checked: every byte saved, and every
-    # byte read from a store, is hashed once (on the same cores as the copies: the costs add up)
-    checked = saved + moved["kept"] + moved["same_host"] + moved["relayed"] + moved["cross_host"]
-    floor_verified = floor + checked / hash_bw
+        cross = plan["cross_host_lower_bound"] / bw["socket"]
+    floor = local / bw["memcpy"] + cross
+    # verified: the save copies each chunk and hashes it while in cache (at the measured rate of doing
+    # both); a load writes only bytes it checked, so every byte it reads from a store is hashed in a pass
+    # of its own before the copy
+    read = moved["kept"] + moved["same_host"] + moved["relayed"] + moved["cross_host"]
+    floor_verified = saved / bw["copy_hash"] + (local - saved) / bw["memcpy"] + cross + read / bw["checksum"]
     row = {
         "change": case["name"],
         "src": "x".join(map(str, case["src"])),
@@ -611,6 +511,14 @@ def one_vs_two_host_saves(rows: list[dict]) -> dict[str, float]:
     return {c: saves[(c, 1)] / saves[(c, 2)] for c, h in saves if h == 1 and (c, 2) in saves}
 
 
+def shown(f: dict) -> str:
+    """The floors of `floors()` in a line."""
+    streams = ", ".join(f"{x / 1e9:.2f}" for x in f["socket_streams"])
+    return (f"memcpy {f['memcpy'] / 1e9:.2f} GB/s ({f['memcpy_1core'] / 1e9:.2f} on one core), checksums "
+            f"{f['checksum'] / 1e9:.2f}, copy with checksums {f['copy_hash'] / 1e9:.2f}; loopback socket "
+            f"{f['socket'] / 1e9:.2f} GB/s (1 stream and up: {streams})")  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", choices=sorted(SIZES), default="full", help="state size (full ~1.2 GB)")
@@ -645,15 +553,17 @@ def main() -> None:
     worlds = [int(h) for h in args.hosts.split(",")] if args.network == "netns" else []
     procs = min(len(os.sched_getaffinity(0)), max([4, *worlds]))  # the cores this run may use
 
-    def floors() -> tuple[float, float, float, float]:
-        # loopback: the best of 1 up to `procs` streams at once (one stream leaves a core idle: 4.6 GB/s
-        # against 6.5 for two in a probe of 2026-12-06)
-        sock = max(socket_bandwidth(k) for k in range(1, procs + 1))
-        return bandwidth("copy", procs), sock, bandwidth("hash", procs), bandwidth("copy", 1)
+    def floors() -> dict[str, float | list[float]]:
+        """Bytes per second. The socket: the best of 1 up to `procs` streams at once (one stream leaves a
+        core idle); each count is kept, as is the save's copy with its checksums (copy_hash: what adding
+        the copy's and the checksums' costs in the verified floor stands for)."""
+        streams = [socket_bandwidth(k) for k in range(1, procs + 1)]
+        return {"memcpy": bandwidth("copy", procs), "socket": max(streams), "socket_streams": streams,
+                "checksum": bandwidth("hash", procs), "copy_hash": bandwidth("copy_hash", procs),
+                "memcpy_1core": bandwidth("copy", 1)}  # fmt: skip
 
-    mem_bw, sock_bw, hash_bw, mem_1 = floors()
-    print(f"floor on {procs} cores: memcpy {mem_bw / 1e9:.2f} GB/s ({mem_1 / 1e9:.2f} on one), checksums "
-          f"{hash_bw / 1e9:.2f} GB/s; loopback socket {sock_bw / 1e9:.2f} GB/s", flush=True)  # fmt: skip
+    before = floors()
+    print(f"floor on {procs} cores: {shown(before)}", flush=True)
 
     disk = Path(tempfile.mkdtemp(prefix="tenplex-bench-dcp-", dir=disk_root))
     shm = Path(tempfile.mkdtemp(prefix="tenplex-bench-dcp-", dir="/dev/shm"))
@@ -667,12 +577,11 @@ def main() -> None:
         for d in (disk, shm):
             subprocess.run(["rm", "-rf", str(d)], check=False)
     wall = time.perf_counter() - started
-    mem_bw_after, sock_bw_after, hash_bw_after, mem_1_after = floors()
+    after = floors()
     # the floor takes the better of the two measurements (the machine is shared and noisy)
-    floor_mem, floor_sock = max(mem_bw, mem_bw_after), max(sock_bw, sock_bw_after)
-    floor_hash = max(hash_bw, hash_bw_after)
+    best = {k: max(before[k], after[k]) for k in ("memcpy", "socket", "checksum", "copy_hash")}
     rows = [
-        summarise([r[i] for r in run["per_rank"]], floor_mem, floor_sock, floor_hash, run.get("shaped_bw"))
+        summarise([r[i] for r in run["per_rank"]], best, run.get("shaped_bw"))
         for run in runs
         for i in range(len(run["cases"]))
     ]
@@ -716,14 +625,14 @@ def main() -> None:
         "model": model,
         "params": cfg.param_count(),
         "pairs": {c["name"]: [c["src"], c["dst"]] for c in cases},
-        "memcpy_GBps": mem_bw / 1e9,
-        "socket_GBps": sock_bw / 1e9,
-        "memcpy_GBps_after": mem_bw_after / 1e9,
-        "socket_GBps_after": sock_bw_after / 1e9,
-        "checksum_GBps": hash_bw / 1e9,
-        "checksum_GBps_after": hash_bw_after / 1e9,
-        "floor_cores": procs,  # memcpy_GBps and checksum_GBps: that many processes at once
-        "memcpy_1core_GBps": max(mem_1, mem_1_after) / 1e9,
+        **{
+            f"{k}_GBps{when}": [x / 1e9 for x in v] if isinstance(v, list) else v / 1e9
+            for when, got in (("", before), ("_after", after))
+            for k, v in got.items()
+            if k != "memcpy_1core"
+        },
+        "floor_cores": procs,  # memcpy, checksum and copy_hash: that many processes at once
+        "memcpy_1core_GBps": max(before["memcpy_1core"], after["memcpy_1core"]) / 1e9,
         "dcp_disk_fs": disk_kind,
         "wall_s": wall,
         "repeat": args.repeat,
@@ -746,9 +655,10 @@ def main() -> None:
     path = write_results(name, rows, meta, out)
     print(f"wrote {path}; {wall:.0f} s for the cases")
     if below:
-        print(f"cases faster than their floor {below}: the floor probes (before/after: socket "
-              f"{sock_bw / 1e9:.2f}/{sock_bw_after / 1e9:.2f} GB/s, memcpy {mem_bw / 1e9:.2f}/"
-              f"{mem_bw_after / 1e9:.2f} GB/s) met a slower machine than the cases did; rerun")  # fmt: skip
+        print(
+            f"cases faster than their floor {below}: the floor probes (before: {shown(before)}; after: "
+            f"{shown(after)}) met a slower machine than the cases did; rerun"
+        )
     if bad or below:
         raise SystemExit(1)
 

@@ -24,6 +24,16 @@ def chunk_digests(data: memoryview, chunk: int = CHUNK) -> list[int]:
     return [digest(p) for p in chunks(data, chunk)]
 
 
+def copy_hashed(src: memoryview, dst: memoryview, chunk: int = CHUNK) -> list[int]:
+    """Copy `src` into `dst`, hashing each chunk right after it is copied, while it is in cache: a save's
+    checksums without a second pass over the bytes."""
+    digests = []
+    for i in range(0, len(src), chunk):
+        dst[i : i + chunk] = src[i : i + chunk]
+        digests.append(digest(dst[i : i + chunk]))
+    return digests
+
+
 def verify_chunk(data: memoryview, digests: list[int], c: int, what: str, chunk: int = CHUNK) -> None:
     """Raise ChecksumError when chunk `c` of `data` does not match its checksum."""
     if digest(data[c * chunk : (c + 1) * chunk]) != digests[c]:

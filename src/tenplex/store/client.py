@@ -17,7 +17,7 @@ import numpy as np
 
 from ..ptc import Box
 from .boxio import as_bytes, blob_array, copy_box
-from .checksum import CHUNK, byte_span, chunk_digests, chunks, digest, list_digest, verify_span
+from .checksum import CHUNK, byte_span, chunk_digests, chunks, copy_hashed, digest, list_digest, verify_span
 from .dataset_client import DatasetClient
 from .errors import BadRequestError, ChecksumError, ConflictError, NotFoundError, StoreError
 from .keys import (
@@ -201,7 +201,7 @@ class StoreClient(DatasetClient):
         src = array if array.flags.c_contiguous else array.copy(order="C")
         if self.is_local:
             dst = self.allocate_blob(job, step, name, dt, src.shape, save_id)
-            self._seal(job, step, name, _copy_hashed(as_bytes(src), as_bytes(dst)))
+            self._seal(job, step, name, copy_hashed(as_bytes(src), as_bytes(dst)))
             return
         pieces = chunks(as_bytes(src))
         self.put_raw(job, step, name, dt, src.shape, pieces, [digest(p) for p in pieces], save_id=save_id)
@@ -232,7 +232,7 @@ class StoreClient(DatasetClient):
             sealed = []
             for spec, info, src in zip(specs, infos, srcs, strict=True):
                 dst = self._map(info, writable=True)
-                sealed.append({"name": spec["name"], "digests": _copy_hashed(as_bytes(src), dst)})
+                sealed.append({"name": spec["name"], "digests": copy_hashed(as_bytes(src), dst)})
             self.request("POST", f"{self._vpath(job, step)}/seal", {"blobs": sealed})
 
     def put_raw(
@@ -617,12 +617,3 @@ def _all(calls: list[Callable[[], None]], concurrency: int) -> None:
     for e in errors:
         if e is not None:
             raise e
-
-
-def _copy_hashed(src: memoryview, dst: memoryview) -> list[int]:
-    """Copy `src` into `dst` and hash it chunk by chunk while it is in cache: the blob's checksums."""
-    digests = []
-    for i in range(0, len(src), CHUNK):
-        dst[i : i + CHUNK] = src[i : i + CHUNK]
-        digests.append(digest(dst[i : i + CHUNK]))
-    return digests

@@ -1,0 +1,115 @@
+"""The machine's floors, measured by the benchmarks in the same run as what they bound: memory copies and
+checksums on every core the ranks can use, and loopback TCP in one or more streams."""
+
+from __future__ import annotations
+
+import multiprocessing
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from tenplex.store.checksum import chunk_digests, copy_hashed
+
+
+def _probe(op: str, nbytes: int, repeat: int, start, results) -> None:
+    """One process of `bandwidth`: its own buffers, paged in and warmed, then `repeat` timed rounds."""
+    src, dst = np.ones(nbytes, np.uint8), np.ones(nbytes, np.uint8)
+    run = {
+        "copy": lambda: np.copyto(dst, src),
+        "hash": lambda: chunk_digests(memoryview(src)),
+        "copy_hash": lambda: copy_hashed(memoryview(src), memoryview(dst)),  # what a save does per blob
+    }[op]
+    run()
+    times = []
+    for _ in range(repeat):
+        start.wait()
+        times.append(_time(run))
+    results.put(times)
+
+
+def bandwidth(op: str, procs: int, nbytes: int = 256 << 20, repeat: int = 9) -> float:
+    """Bytes per second of `op` ("copy": `np.copyto` into paged-in memory; "hash": xxh3 of every 1 MiB
+    chunk, the reader's checksum pass; "copy_hash": the save's copy, each chunk hashed right after it is
+    copied) with `procs` processes at once, each on its own `nbytes`: the bytes
+    of all of them / the slowest one's time, best round of `repeat`. Why several: the ranks copy at once,
+    so the machine's floor is what every core together moves; one thread's figure swung between 13.4 and
+    20.7 GB/s from one session to the next on this VM while two processes together held at ~22 GB/s."""
+    ctx = multiprocessing.get_context("fork")  # numpy only in the children: nothing to re-import
+    start, results = ctx.Barrier(procs), ctx.Queue()
+    ps = [ctx.Process(target=_probe, args=(op, nbytes, repeat, start, results)) for _ in range(procs)]
+    for p in ps:
+        p.start()
+    try:
+        per = [results.get(timeout=300) for _ in ps]
+    finally:
+        for p in ps:
+            p.join(timeout=60)
+    return procs * nbytes / min(max(t[i] for t in per) for i in range(repeat))
+
+
+STREAM_CHUNK = 4 << 20
+
+
+def socket_bandwidth(streams: int = 1, nbytes: int = 256 << 20, repeat: int = 5) -> float:
+    """`streams` loopback TCP streams at once from this process to another, as between two hosts' stores
+    (a relay reads over several connections): `nbytes` in all, each stream 4 MiB sendall / recv_into a
+    preallocated buffer in a thread of its own, timed until the receiver confirms every stream's last byte;
+    best of `repeat`. Two processes, not two threads of one: with both ends in one interpreter the figure
+    fell to 1.5-1.8 GB/s in some runs of this benchmark while the stores' own transfers did not slow down."""
+    part = nbytes // streams
+    payload = memoryview(np.ones(part, np.uint8))
+    srv = socket.create_server(("127.0.0.1", 0), backlog=streams)
+    sink = multiprocessing.get_context("fork").Process(
+        target=_sink, args=(srv.getsockname()[1], part, streams, repeat)
+    )
+    sink.start()
+    times = []
+
+    def send(conn: socket.socket) -> None:
+        for i in range(0, part, STREAM_CHUNK):
+            conn.sendall(payload[i : i + STREAM_CHUNK])
+        if conn.recv(1) != b"k":
+            raise SystemExit("socket probe: the receiver did not confirm the bytes")
+
+    try:
+        for _ in range(repeat):
+            conns = [srv.accept()[0] for _ in range(streams)]
+            t = time.perf_counter()
+            with ThreadPoolExecutor(streams) as pool:
+                list(pool.map(send, conns))
+            times.append(time.perf_counter() - t)
+            for c in conns:
+                c.close()
+    finally:
+        sink.join(timeout=60)
+        srv.close()
+    return part * streams / min(times)
+
+
+def _sink(port: int, part: int, streams: int, repeat: int) -> None:
+    """The receiving end of `socket_bandwidth`: its buffers paged in before the first byte."""
+    sinks = [memoryview(np.ones(part, np.uint8)) for _ in range(streams)]
+
+    def receive(c: socket.socket, sink: memoryview) -> None:
+        got = 0
+        while got < part:
+            n = c.recv_into(sink[got : got + STREAM_CHUNK])
+            if n == 0:
+                return
+            got += n
+        c.sendall(b"k")
+
+    for _ in range(repeat):
+        conns = [socket.create_connection(("127.0.0.1", port)) for _ in range(streams)]
+        with ThreadPoolExecutor(streams) as pool:
+            list(pool.map(receive, conns, sinks))
+        for c in conns:
+            c.close()
+
+
+def _time(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t

@@ -7,15 +7,25 @@ a failure found that way is kept as an explicit `@example` in its test.
 
 import os
 import sys
+import tempfile
 
 import pytest
 from hypothesis import settings
 
 sys.path.insert(0, os.path.dirname(__file__))
+# jobs' records of their stores (transformer/jobrecord.py) go to a directory of this run, never the home
+# of whoever runs the tests; each test gets its own below, so a job name reused with new stores is new
+os.environ["TENPLEX_STATE_DIR"] = tempfile.mkdtemp(prefix="tenplex-test-jobs-")
 
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 settings.register_profile("explore", print_blob=True)
 settings.load_profile("ci" if os.environ.get("CI") else "explore")
+
+
+@pytest.fixture(autouse=True)
+def own_job_records(monkeypatch, tmp_path_factory):
+    """Each test its own record directory (processes it starts inherit it)."""
+    monkeypatch.setenv("TENPLEX_STATE_DIR", str(tmp_path_factory.mktemp("jobs")))
 
 
 @pytest.fixture(autouse=True)

@@ -102,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         replicas=args.replicas,
         store_memory=args.store_memory,
         ahead=args.ahead,
+        fresh=args.fresh,
     )
     if args.network == "netns" and args.keep_stores:
         raise PTCError("--keep-stores needs loopback hosts: a namespace run removes its hosts when it ends")
@@ -212,6 +213,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="leave the emulated hosts' stores running after the job (for tenplex inspect / store ls)",
     )
     p.add_argument("--run-dir", help="where the timeline, plot and stores' state go (default runs/JOB)")
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start over from step 0 when the stores of an earlier run of this --run-dir are lost (without "
+        "it such a rerun stops with the lost stores named, so no snapshot is thrown away unasked)",
+    )
     p.add_argument("--store-memory", type=size_arg, metavar="SIZE",
                    help="the memory limit of every host's store, e.g. 512MiB (default 8GiB); a snapshot "
                    "that does not fit is skipped, with a warning")  # fmt: skip

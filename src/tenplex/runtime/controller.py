@@ -10,6 +10,7 @@ layout on one set of devices) is one process group. Everything that happened is 
 from __future__ import annotations
 
 import importlib
+import os
 import threading
 import time
 from dataclasses import asdict, dataclass, replace
@@ -20,7 +21,7 @@ from typing import Any
 from ..ptc import TenplexError
 from ..ptc.layout import Layout
 from ..train.config import TrainConfig
-from ..util import logs
+from ..util import env, logs
 from .ahead import Ahead
 from .chooser import ChooserError, choose
 from .downtime import reconfiguration
@@ -63,12 +64,16 @@ class RunConfig:
     replicas: int = 0  # netns: copies of each snapshot blob on the next hosts' stores
     store_memory: int | None = None  # bytes each host's store may hold (None: the hosts' default)
     ahead: bool = True  # start a planned change's ranks while the phase before trains (CPU devices only)
+    fresh: bool = False  # start over from step 0 even when the stores of an earlier run are lost
 
 
 class Controller:
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
+        # the job's record of its stores lives with the run (this process and every rank it starts): another
+        # run of the same job name elsewhere is another job
+        os.environ[env.STATE_DIR] = str(cfg.run_dir.resolve())
         memory = {} if cfg.store_memory is None else {"memory_limit": str(cfg.store_memory)}
         if cfg.network == "netns":
             from .netns_hosts import NamespaceHosts, NamespaceLauncher
@@ -268,9 +273,19 @@ class Controller:
     def _committed_step(self) -> int:
         """The step the next phase resumes from: the newest snapshot complete on the live stores."""
         self._preload.join()  # importing the same modules from two threads at once can see half of one
+        from ..transformer import StoresLostError
         from ..transformer.snapshot import newest_step
 
-        return newest_step(self.cfg.job, [s["url"] for s in self.hosts.stores.values()]) or 0
+        try:
+            return newest_step(self.cfg.job, [s["url"] for s in self.hosts.stores.values()]) or 0
+        except StoresLostError as e:  # the previous run's stores are gone: resume only from what is left
+            self.timeline.write("stores_lost", lost=e.lost, durable=self.durable, fresh=self.cfg.fresh)
+            if self.durable is None and not self.cfg.fresh:
+                raise
+            what = f"its persisted snapshot {self.durable}" if self.durable else "step 0 (--fresh)"
+            self.live.note(f"the stores of job {self.cfg.job} are lost ({_lost_line(e.lost)}); "
+                           f"starting from {what}")  # fmt: skip
+            return 0
 
     # -- one phase -----------------------------------------------------------------------------------------
     def _spec(self, phase: Phase) -> WorkerSpec:
@@ -289,6 +304,7 @@ class Controller:
             layout=phase.layout,
             train=train,
             failures=phase.failures,
+            fresh=cfg.fresh,
         )
 
     def _launch(
@@ -399,6 +415,10 @@ class Controller:
             self._ahead.go()
         if r["kind"] == "loaded" and r.get("skipped"):
             self._skipped(phase, r)
+        if r["kind"] == "loaded" and r.get("lost_stores"):
+            why = r.get("lost_why") or {}
+            self.timeline.write("stores_lost", phase=phase.index, step=r["step"], lost=why)
+            self.live.note(f"phase {phase.index} loaded step {r['step']}; stores lost: {_lost_line(why)}")
         if r["kind"] == "store_full":
             what = "skipped" if r["skipped"] else "tried again"
             log.warning("phase %d: the save of step %d did not fit: %s", phase.index, r["step"], r["error"])
@@ -474,3 +494,8 @@ class Controller:
 def _forced(e: Event) -> Layout | None:
     """The layout an event names (the next phase runs it if the devices fit), or None."""
     return Layout.from_dict(e.layout) if e.layout else None
+
+
+def _lost_line(lost: dict[str, str]) -> str:
+    """Lost stores and why, in one line: unreachable, unproven (not the store it was) or restarted."""
+    return "; ".join(f"{u} {why.split(':', 1)[0]}" for u, why in sorted(lost.items())) or "none"

@@ -20,9 +20,10 @@ import torch.distributed as dist
 
 from ..ptc import TenplexError
 from ..store import MemoryLimitError, StoreError
-from ..transformer import NoSnapshotError, SaveHandle, load, save
+from ..transformer import NoSnapshotError, SaveHandle, StoresLostError, load, save
 from ..transformer.stores import client, resolve
 from ..transformer.world import init_distributed
+from ..util import env
 from .records import Records
 from .spec import WorkerSpec, job_name
 
@@ -63,6 +64,7 @@ class ElasticJob:
         durable: str | None = None,
         device: str = "auto",
         keep: int = 3,
+        fresh: bool = False,
         spec: WorkerSpec | None = None,
     ) -> None:
         spec = spec or WorkerSpec.from_env()  # under `tenplex run`, the runtime's settings win
@@ -80,6 +82,8 @@ class ElasticJob:
         self.store = spec.store if spec else None  # None: the transformer's default ($TENPLEX_STORE)
         self.sources = (spec.sources if spec else None) or None  # None: the transformer finds them
         self.keep = keep
+        # start over even when stores that may hold a snapshot are lost (`tenplex run --fresh`)
+        self.fresh = bool(spec.fresh if spec else fresh) or env.flag(env.FRESH)
         self._init_at, t = time.time(), time.perf_counter()
         init_distributed(device)
         self._group_seconds = time.perf_counter() - t
@@ -146,8 +150,13 @@ class ElasticJob:
             raise PhaseCancelled()
         try:
             info = load(state, job=self.name, path=self.durable, store=self.store, sources=self.sources)
-        except NoSnapshotError:
+        except NoSnapshotError:  # every store the job used said so: the one way to a fresh start
             self.record("fresh", step=0, layout=self.label)
+            return 0
+        except StoresLostError as e:  # could not ask is not "nothing there": only --fresh starts over
+            if not self.fresh:
+                raise
+            self.record("fresh", step=0, layout=self.label, forced=True, lost_stores=e.lost)
             return 0
         self._load_seconds, self.resumed = info.seconds, True
         if info.source == "memory":  # loaded from a DCP checkpoint, the stores do not hold this step yet
@@ -161,6 +170,7 @@ class ElasticJob:
             source=info.source,
             plan=info.plan_bytes,
             lost_stores=info.lost_stores,
+            lost_why=info.lost_why,
             phases=info.phases,
             layout=self.label,
             skipped=info.skipped,

@@ -42,6 +42,7 @@ class WorkerSpec:
     # started ahead, while the phase before still trains: the ranks build, then wait for `go_file` (that
     # phase's final save committed) or `cancel_file` (it ended otherwise) before they load anything
     ahead: bool = False
+    fresh: bool = False  # start over even when stores that may hold a snapshot are lost (`run --fresh`)
     # this rank's placement, from the environment (not in the file: one file serves every rank of a phase)
     store: str | None = field(default=None, metadata={"env": True})
     device: str | None = field(default=None, metadata={"env": True})

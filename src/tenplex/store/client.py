@@ -19,7 +19,7 @@ from ..ptc import Box
 from .boxio import as_bytes, blob_array, copy_box
 from .checksum import CHUNK, byte_span, chunk_digests, chunks, copy_hashed, digest, list_digest, verify_span
 from .dataset_client import DatasetClient
-from .errors import BadRequestError, ChecksumError, ConflictError, NotFoundError, StoreError
+from .errors import BadRequestError, ChecksumError, ConflictError, NotFoundError, StoreError, StoreUnavailable
 from .keys import (
     NUMPY_DTYPE,
     check_dtype,
@@ -103,7 +103,11 @@ class StoreClient(DatasetClient):
 
     def version_info(self, job: str) -> list[dict[str, Any]]:
         """Every version of `job`, committed or not, with blob counts, sizes and replication state."""
-        return self.request("GET", f"/v1/jobs/{check_job(job)}")["versions"]
+        answer = self.request("GET", f"/v1/jobs/{check_job(job)}")
+        versions = answer.get("versions") if isinstance(answer, dict) else None
+        if not isinstance(versions, list):  # not a store's answer (another process on its port): no store
+            raise StoreUnavailable(f"{self.url} did not answer as a store (no version listing)")
+        return versions
 
     def versions(self, job: str) -> list[int]:
         """Committed steps of `job`, ascending ([] for an unknown job)."""

@@ -7,6 +7,7 @@ Blob bodies are raw C-order bytes received straight into shared memory and sent 
 
 from __future__ import annotations
 
+import secrets
 import socket
 import struct
 import threading
@@ -54,6 +55,9 @@ class Daemon(Server):
         reserve: int = 0,
     ) -> None:
         super().__init__(host, port, token, routes)
+        # new at every start: a store that restarted is another store, whose "I have nothing" says nothing
+        # about what the one before it held (docs/consistency.md)
+        self.incarnation = secrets.token_hex(8)
         self.bound = str(self.sock.getsockname()[0])
         shown = host if host not in ("0.0.0.0", "::", "") else socket.gethostname()
         self.url = advertise or f"http://{_bracket(shown)}:{self.port}"

@@ -31,8 +31,9 @@ _V = r"/v1/jobs/(?P<job>[^/]+)/versions/(?P<step>[^/]+)"
 
 @route("GET", r"/v1/health")
 def _health(d: Daemon, req: Request) -> dict[str, Any]:
-    """Liveness, protocol version, this store's URL, pid, host id and replication targets."""
+    """Liveness, protocol version, this store's URL, pid, incarnation, host id and replication targets."""
     return {"ok": True, "protocol": PROTOCOL_VERSION, "url": d.url, "pid": os.getpid(), "host_id": host_id(),
+            "incarnation": d.incarnation,
             "shm_dir": d.arena.dir, "unix": d.unix_path, "huge_pages": d.arena.memory.huge,
             "replicas": list(d.replicator.targets)}  # fmt: skip
 

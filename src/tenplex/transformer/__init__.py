@@ -4,12 +4,14 @@ DCP-shaped: `state_dict` is a nested dict of tensors, DTensors on any mesh, plai
 `state_dict()`/`load_state_dict()`; the target layout of `load` is whatever the tensors handed to it are.
 """
 
+from . import jobrecord
 from .durable import persist
 from .errors import (
     KeyMismatchError,
     NoSnapshotError,
     ShapeMismatchError,
     StateError,
+    StoresLostError,
     UnrecoverableError,
 )
 from .load import load
@@ -23,7 +25,9 @@ __all__ = [
     "SaveHandle",
     "ShapeMismatchError",
     "StateError",
+    "StoresLostError",
     "UnrecoverableError",
+    "jobrecord",
     "load",
     "persist",
     "save",

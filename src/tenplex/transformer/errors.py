@@ -30,6 +30,24 @@ class NoSnapshotError(StateError):
     """No committed version of the job can be found."""
 
 
+class StoresLostError(StateError):
+    """No complete snapshot on the stores that answer, while stores that may hold one cannot answer
+    (unreachable, unproven, or restarted since): never a reason to start the job over."""
+
+    def __init__(self, job: str, lost: dict[str, str]) -> None:
+        self.job, self.lost = job, dict(lost)
+        shown = "; ".join(f"{u} ({why})" for u, why in sorted(lost.items())[:4])
+        more = f"; and {len(lost) - 4} more" if len(lost) > 4 else ""
+        super().__init__(
+            f"job {job!r}: no complete snapshot in the stores that answer, and {len(lost)} store(s) that may "
+            f"hold one are lost: {shown}{more}. Bring them back or load a persisted snapshot (path=); to "
+            "start over from step 0 anyway, pass --fresh (TENPLEX_FRESH=1)"
+        )
+
+    def __reduce__(self) -> tuple:  # rebuilt whole on the other ranks (`world.decide` pickles it)
+        return (type(self), (self.job, self.lost))
+
+
 class UnrecoverableError(StateError):
     """Some boxes have no surviving copy, and no durable snapshot was given to fall back to."""
 

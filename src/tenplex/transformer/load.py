@@ -151,6 +151,7 @@ def load(
         unexpected,
         snap.lost,
         phases=bd.as_dict(),
+        lost_why={u: snap.why[u] for u in snap.lost},
         skipped=skipped,
         plan_bytes={"kept": s.kept, "same_host": s.same_host, "relayed": s.relayed,
                     "cross_host": s.cross_host, "cross_host_lower_bound": s.cross_host_lower_bound},

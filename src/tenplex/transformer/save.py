@@ -14,12 +14,12 @@ from typing import Any
 from ..ptc import values as value_codec
 from ..store import MemoryLimitError, NotFoundError, StoreClient, StoreError
 from ..util import collector
-from . import world
+from . import jobrecord, world
 from .breakdown import Breakdown
 from .errors import StateError
 from .gathered import blob_name, forget_layouts, gather_writers
 from .shards import local_shard
-from .snapshot import make_manifest
+from .snapshot import make_manifest, stamp
 from .staging import stage
 from .stores import client, resolve
 from .tree import expand, flatten
@@ -143,10 +143,10 @@ def save(
 
     def commit() -> None:
         with bd.phase("commit"):
-            # where each store copies its committed versions, so a load can find them when it dies
-            manifest["replicas"] = {u: client(u).health().get("replicas", []) for u in manifest["stores"]}
+            stamp(manifest)  # each store's replica targets and incarnation
             for url_ in manifest["stores"]:
                 client(url_).commit(job, step, manifest, wait_replicas=True, blobs=found.blobs[url_])
+            jobrecord.write(manifest)  # on this host: the stores the job's newest snapshot is on
         if keep is not None:  # only once committed everywhere: a crash in between must leave a version
             with bd.phase("retain"):  # that is complete on every store
                 for url_ in manifest["stores"]:

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 from ..ptc import PTC, Mesh
 from ..ptc import values as value_codec
-from ..store import StoreError, StoreUnavailable
-from .errors import NoSnapshotError, StateError
+from ..store import AuthError, StoreError, StoreUnavailable
+from . import jobrecord
+from .errors import NoSnapshotError, StateError, StoresLostError
 from .gathered import blob_name
 from .stores import client
 
@@ -50,17 +50,19 @@ def make_manifest(
 
 @dataclass
 class Snapshot:
-    """One complete save chosen for a load: its step and manifest, the stores of it that do not answer
-    (`lost`), and the dead stores whose blobs a replica store holds (`remap`: dead -> replica)."""
+    """One complete save chosen for a load: its step and manifest, the stores of it that cannot serve it
+    (`lost`, each with why in `why`: unreachable, unproven, restarted), and the dead stores whose blobs a
+    replica store holds (`remap`: dead -> replica)."""
 
     step: int
     manifest: dict[str, Any]
     lost: list[str] = field(default_factory=list)
     remap: dict[str, str] = field(default_factory=dict)
+    why: dict[str, str] = field(default_factory=dict)
 
     @cached_property
     def ptc(self) -> PTC:
-        """Parsed once (for a job of a few hundred tensors that takes ~0.1 s)."""
+        """Parsed once (a job of a few hundred tensors takes a noticeable time to parse)."""
         return PTC.from_json(self.manifest["ptc"])
 
     @cached_property
@@ -90,115 +92,179 @@ class LoadInfo:
     plan_bytes: dict[str, int] = field(default_factory=dict)  # the whole job's plan statistics
     phases: dict[str, float] = field(default_factory=dict)  # seconds by phase (see `breakdown`)
     skipped: list[dict[str, Any]] = field(default_factory=list)  # newer snapshots that could not be read
+    lost_why: dict[str, str] = field(default_factory=dict)  # lost store -> unreachable / unproven / restarted
+
+
+def stamp(manifest: dict[str, Any]) -> None:
+    """Before a commit: where each store of the save copies its versions (`replicas`, so a load finds them
+    when the store dies) and each store's incarnation (so a load can tell a store that restarted since,
+    and lost the save, from one that deleted it)."""
+    health = {u: client(u).health() for u in manifest["stores"]}
+    manifest["replicas"] = {u: h.get("replicas", []) for u, h in health.items()}
+    manifest["incarnations"] = {u: h.get("incarnation") for u, h in health.items()}
 
 
 def choose(
     job: str, step: int | None, urls: list[str], *, check: bool = True, below: int | None = None
 ) -> Snapshot:
     """The newest snapshot of `job` (or version `step`; with `below`, the newest before that step) that is
-    complete on the reachable stores among `urls`. With `check`, also its lost and remapped stores, and
-    every blob it will be read from checked against its piece. Raises NoSnapshotError when there is none
-    and StateError when the stores misbehave (a job must not silently start over then)."""
+    complete on the stores among `urls` that can answer for it. With `check`, also its lost and remapped
+    stores, and every blob it will be read from checked against its piece.
+
+    Raises NoSnapshotError only when every store asked (and every store the job's record names) answered,
+    in the incarnation that held the job's saves, that it has none — the one answer that may start a job
+    over. StoresLostError when none is complete on the stores that answer but stores that may hold one
+    are lost; StateError when the stores misbehave."""
+    answers = Answers(job)
     try:
-        found, manifest, answered = _newest(job, step, urls, below)
+        found, manifest = _newest(job, step, urls, below, answers)
         snap = Snapshot(found, manifest)
         if check:
             sid = manifest.get("save_id")
-            lost, snap.remap = _lost_stores(snap.ptc, job, found, manifest.get("replicas", {}), sid, answered)
-            snap.lost = sorted(lost)
-            check_blobs(snap.view, job, found, lost, sid)
+            snap.why, snap.remap = _lost_stores(snap.ptc, job, found, manifest, answers)
+            snap.lost = sorted(snap.why)
+            check_blobs(snap.view, job, found, set(snap.lost), sid)
         return snap
     except StoreError as e:
         raise StateError(f"job {job!r}: cannot read the snapshots in the stores ({e})") from None
 
 
 def newest_step(job: str, stores: list[str]) -> int | None:
-    """The step `load` would resume `job` from with these stores, or None when there is no snapshot (or
-    the stores cannot tell)."""
+    """The step `load` would resume `job` from with these stores; None when there is none to resume from
+    (StoresLostError goes through: stores that may hold one are lost)."""
     try:
         return choose(job, None, stores, check=False).step
+    except StoresLostError:
+        raise
     except StateError:
         return None
 
 
-def _newest(
-    job: str, step: int | None, urls: list[str], below: int | None = None
-) -> tuple[int, dict, set[str]]:
-    """The newest version committed, by one save, on every reachable store it was saved to, its manifest,
-    and the stores that answered. A writer that died between its per-store commits leaves a version some
-    stores hide (the one before it is used); a later save of the same step replaces it where it writes,
-    and its save id tells the two apart."""
-    where: dict[int, dict[str | None, str]] = defaultdict(dict)  # step -> save id -> a store holding it
-    ids: dict[str, dict[int, str | None] | None] = {}  # None: the store does not answer (asked once)
-    errors = []
-    for u in urls:
-        try:
-            ids[u] = client(u).save_ids(job)
+@dataclass
+class Answer:
+    """What one store said about a job: its committed saves by step and its incarnation, or, when it could
+    not say (`ids` None), why: a store that cannot answer is a lost store, never an empty one."""
+
+    ids: dict[int, str | None] | None
+    incarnation: str | None = None
+    why: str = ""
+
+
+class Answers(dict[str, Answer]):
+    """Each store's answer for one choice, asked once (a dead store too)."""
+
+    def __init__(self, job: str) -> None:
+        super().__init__()
+        self.job = job
+
+    def __missing__(self, url: str) -> Answer:
+        c = client(url)
+        try:  # the listing first, then the incarnation: a restart in between shows as a new incarnation
+            ids = c.save_ids(self.job)
+            answer = Answer(ids, c.health().get("incarnation"))
+        except AuthError as e:
+            answer = Answer(None, why=f"unproven: {e}")
         except StoreUnavailable as e:
-            ids[u] = None
-            errors.append(str(e))
-            continue
-        for s, sid in ids[u].items():
+            answer = Answer(None, why=f"unreachable: {e}")
+        self[url] = answer
+        return answer
+
+    def lost(self, url: str, incarnation: str | None, since: str = "the save") -> str | None:
+        """Why `url` cannot answer for what its `incarnation` held (None: it can): it does not answer, or
+        it restarted since (`since` names the save)."""
+        a = self[url]
+        if a.ids is None:
+            return a.why
+        if incarnation is not None and a.incarnation != incarnation:
+            return f"restarted: a new incarnation since {since}"
+        return None
+
+    def holds(self, url: str, step: int, save_id: str | None, manifest: dict[str, Any]) -> bool:
+        """Whether the store has that save committed, or cannot answer for it (a lost store: handled by
+        the plan, which reads its pieces elsewhere or says they are gone)."""
+        a = self[url]
+        if a.ids is not None and a.ids.get(step, ...) == save_id:
+            return True
+        return self.lost(url, manifest.get("incarnations", {}).get(url)) is not None
+
+
+def _newest(
+    job: str, step: int | None, urls: list[str], below: int | None, answers: Answers
+) -> tuple[int, dict]:
+    """The newest version committed, by one save, on every store it was saved to that can answer for it,
+    and its manifest. A writer that died between its per-store commits leaves a version some stores hide
+    (the one before it is used); a later save of the same step replaces it where it writes, and its save
+    id tells the two apart."""
+    where: dict[int, dict[str | None, str]] = defaultdict(dict)  # step -> save id -> a store holding it
+    for u in urls:
+        for s, sid in (answers[u].ids or {}).items():
             if (step is None or s == step) and (below is None or s < below):
                 where[s].setdefault(sid, u)
+    seen: list[dict[str, Any]] = []  # manifests of saves that are not complete: they name stores too
     for s in sorted(where, reverse=True):
         for sid, u in where[s].items():
             manifest = client(u).manifest(job, s)
             if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
                 raise NoSnapshotError(f"version {s} of job {job!r} is not a tenplex snapshot")
-            if all(_holds(u2, job, s, sid, ids) for u2 in manifest.get("stores", [])):
-                return s, manifest, {u for u, known in ids.items() if known is not None}
+            if all(answers.holds(u2, s, sid, manifest) for u2 in manifest.get("stores", [])):
+                return s, manifest
+            seen.append(manifest)
     what = f"step {step} of " if step is not None else (f"a step before {below} of " if below else "")
-    raise NoSnapshotError(
-        f"no committed version of {what}job {job!r} in stores {urls}"
-        + (f" ({'; '.join(errors)})" if errors else "")
-    )
+    lost = _lost_anywhere(job, urls, seen, answers)
+    if lost:
+        raise StoresLostError(job, lost)
+    raise NoSnapshotError(f"no committed version of {what}job {job!r} in stores {urls}")
 
 
-def _holds(url: str, job: str, step: int, save_id: str | None, known: dict) -> bool:
-    """True when the store has that save of the version committed, or does not answer (a lost host,
-    handled later). `known` caches each store's answer, a dead store's too."""
-    if url not in known:
-        try:
-            known[url] = client(url).save_ids(job)
-        except StoreUnavailable:
-            known[url] = None
-    have = known[url]
-    return have is None or have.get(step, ...) == save_id
+def _lost_anywhere(job: str, urls: list[str], seen: list[dict[str, Any]], answers: Answers) -> dict[str, str]:
+    """The stores that may hold a snapshot of `job` but cannot answer for it: those asked that do not
+    answer, and those that the manifests found and the job's record name in an incarnation gone since."""
+    lost = {u: answers[u].why for u in urls if answers[u].ids is None}
+    for m in seen:
+        for u in m.get("stores", []):
+            why = answers.lost(u, m.get("incarnations", {}).get(u), f"the save of step {m.get('step')}")
+            if why:
+                lost.setdefault(u, why)
+    rec = jobrecord.read(job)
+    if rec is not None:
+        for u, inc in sorted(rec.stores.items()):
+            why = answers.lost(u, inc, f"the save of step {rec.step} ({rec.path})")
+            if why:
+                lost.setdefault(u, why)
+    return lost
 
 
 def _lost_stores(
-    old: PTC,
-    job: str,
-    step: int,
-    replicas: dict[str, list[str]],
-    save_id: str | None = None,
-    answered: AbstractSet[str] = frozenset(),
-) -> tuple[set[str], dict[str, str]]:
-    """Old stores that do not answer (those in `answered` did a moment ago: not asked again); those whose
-    blobs of this save (`save_id`) a replica store holds are remapped to it (a copy of another save of the
-    step, with the same blob names, never is)."""
-    down = set()
-    for url in sorted(set(old.mesh.hosts) - answered):
-        try:
-            client(url).health()
-        except StoreError:
-            down.add(url)
+    old: PTC, job: str, step: int, manifest: dict[str, Any], answers: Answers
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The old stores that cannot serve this save, with why; those whose blobs of this save a replica
+    store holds are remapped to it (a copy of another save of the step, with the same blob names, never
+    is)."""
+    save_id, incarnations = manifest.get("save_id"), manifest.get("incarnations", {})
+    down: dict[str, str] = {}
+    for url in sorted(set(old.mesh.hosts)):
+        a = answers[url]
+        if a.ids is not None and a.ids.get(step, ...) == save_id:
+            continue
+        why = answers.lost(url, incarnations.get(url))
+        if why:
+            down[url] = why
     remap: dict[str, str] = {}
     if down:
-        candidates = {u for d in down for u in replicas.get(d, [])} | (set(old.mesh.hosts) - down)
-        for url in sorted(candidates - down):
+        replicas = manifest.get("replicas", {})
+        candidates = {u for d in down for u in replicas.get(d, [])} | (set(old.mesh.hosts) - set(down))
+        for url in sorted(candidates - set(down)):
             try:
                 listing = client(url).blobs(job, step, save_id)
             except StoreError:
                 continue
             held = {b["name"] for b in listing}
-            for dead in sorted(down - set(remap)):
+            for dead in sorted(set(down) - set(remap)):
                 ranks = [r for r, h in enumerate(old.mesh.hosts) if h == dead]
                 needed = {blob_name(r, s.tensor) for r in ranks for s in old.shards(r)}
                 if needed <= held:
                     remap[dead] = url
-    return down - set(remap), remap
+    return {u: w for u, w in down.items() if u not in remap}, remap
 
 
 def check_blobs(view: PTC, job: str, step: int, lost: set[str], save_id: str | None = None) -> None:

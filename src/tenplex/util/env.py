@@ -18,6 +18,8 @@ STORE_TOKEN = "TENPLEX_STORE_TOKEN"  # the bearer token clients send (default: t
 DEVICE = "TENPLEX_DEVICE"  # this rank's stable device id
 SOURCES = "TENPLEX_SOURCES"  # every store a snapshot may be in, comma-separated
 EMULATED_HOSTS = "TENPLEX_EMULATED_HOSTS"  # "1": other emulated hosts' stores are reached over sockets
+STATE_DIR = "TENPLEX_STATE_DIR"  # where a job's record of its stores lives (default ~/.tenplex/jobs)
+FRESH = "TENPLEX_FRESH"  # "1": a job whose stores are lost may start over from step 0
 CACHE = "TENPLEX_CACHE"  # where prepared corpora are cached
 CALIBRATION = "TENPLEX_CALIBRATION"  # the chooser's benchmark rows, instead of the packaged ones
 

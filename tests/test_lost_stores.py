@@ -1,0 +1,149 @@
+"""A store that cannot answer for a save is a lost store, never an empty one (docs/consistency.md, "not
+there" and fresh starts): restarted, unreachable and squatted stores, against live daemons, with a
+snapshot saved by two real dp ranks (each store holds a full copy)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+import torch
+
+import tenplex
+from launch import run_ranks
+from tenplex.store import start_store
+from tenplex.transformer import NoSnapshotError, StoresLostError, jobrecord
+from transformer_cases import NAMES, TENSORS, global_tensor
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+def _target() -> dict:
+    """The saved state as plain full tensors in this process (a one-rank layout: no process group)."""
+    sd: dict = {"model": {}, "optim": {"state": {"lin.weight": {}}}, "buffers": {}}
+    for name in NAMES:
+        shape, dtype = TENSORS[name]
+        parts = name.split(".")
+        where = sd["optim"]["state"]["lin.weight"] if parts[0] == "optim" else sd[parts[0]]
+        where[parts[-1] if parts[0] == "optim" else ".".join(parts[1:])] = torch.full(shape, 7).to(dtype)
+    sd["step"], sd["meta"] = 0, {"betas": None, "tags": None}
+    return sd
+
+
+def check(sd: dict, salt: int) -> list[str]:
+    """The names whose tensors differ from those saved with `salt`, bit for bit."""
+    flat = dict(zip(NAMES, _leaves(sd)))
+    return [n for n in NAMES if not torch.equal(flat[n], global_tensor(n, salt))] + (
+        [] if sd["step"] == 100 + salt else ["step"]
+    )
+
+
+def _load(job: str, urls: list[str]):
+    target = _target()
+    info = tenplex.load(target, job=job, store=urls[0], sources=urls)
+    return info, target
+
+
+class Squatter:
+    """Another process's listener on a dead store's port: accepts, reads what it is sent, answers garbage."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_server(("127.0.0.1", port))
+        self.received = b""
+        self.stopped = False
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while not self.stopped:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(1.0)
+                try:
+                    self.received += conn.recv(65536)
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.stopped = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept: the port is free
+        except OSError:
+            pass
+        self.sock.close()
+
+
+def test_restarted_unreachable_and_squatted_stores_are_lost_never_empty(tmp_path, monkeypatch):
+    monkeypatch.setenv("TENPLEX_STATE_DIR", str(tmp_path / "jobs"))
+    a, b = start_store(), start_store()
+    stores = [a, b]
+    squatter = None
+    try:
+        run_ranks("lost_store_cases", 2, per_rank_env=[{"TENPLEX_STORE": s.url} for s in stores])
+        urls = [a.url, b.url]
+        info, target = _load("lost", urls)
+        assert info.step == 20 and check(target, 20) == [] and info.lost_stores == []
+
+        # a job deleted on purpose: every store answers, in the incarnation that held it: a fresh start
+        for s in stores:
+            s.client().delete_job("gone")
+        with pytest.raises(NoSnapshotError):
+            _load("gone", urls)
+
+        # B restarts empty on its port: the newest snapshot comes from A, and B is named as restarted
+        b.kill()
+        b = stores[1] = start_store(port=_port(urls[1]))
+        info, target = _load("lost", urls)
+        assert info.step == 20 and check(target, 20) == []
+        assert info.lost_stores == [urls[1]] and info.lost_why[urls[1]].startswith("restarted")
+
+        # A unreachable too: no complete snapshot answers, and that is not "no snapshot"
+        a.kill()
+        before = _target()
+        target = _target()
+        with pytest.raises(StoresLostError) as e:
+            tenplex.load(target, job="lost", store=urls[1], sources=urls)
+        assert set(e.value.lost) == set(urls) and e.value.lost[urls[0]].startswith("unreachable")
+        assert e.value.lost[urls[1]].startswith("restarted")
+        assert all(torch.equal(x, y) for x, y in zip(_leaves(target), _leaves(before)))  # nothing written
+
+        # another process took A's port: what it answers is not the store's answer
+        squatter = Squatter(_port(urls[0]))
+        with pytest.raises(StoresLostError) as e:
+            _load("lost", urls)
+        assert urls[0] in e.value.lost
+        squatter.close()
+        squatter = None
+
+        # both restarted empty: only the job's record says it had a snapshot there, and that is enough
+        a = stores[0] = start_store(port=_port(urls[0]))
+        with pytest.raises(StoresLostError) as e:
+            _load("lost", urls)
+        assert set(e.value.lost) == set(urls)
+        assert all(why.startswith("restarted") for why in e.value.lost.values())
+        assert "--fresh" in str(e.value)
+
+        # without the record (another host, or forgotten on purpose) every store's answer is explicit
+        jobrecord.forget("lost")
+        with pytest.raises(NoSnapshotError):
+            _load("lost", urls)
+    finally:
+        if squatter is not None:
+            squatter.close()
+        for s in stores:
+            s.stop()
+
+
+def _leaves(sd: dict) -> list[torch.Tensor]:
+    """The tensors of `sd` in the order of NAMES (buffers, model, optim: sorted like the names)."""
+    flat = {f"model.{k}": v for k, v in sd["model"].items()} | {
+        f"buffers.{k}": v for k, v in sd["buffers"].items()
+    }
+    flat |= {f"optim.state.lin.weight.{k}": v for k, v in sd["optim"]["state"]["lin.weight"].items()}
+    return [flat[n] for n in NAMES]

@@ -11,7 +11,7 @@ import torch
 import tenplex
 from launch import run_ranks
 from tenplex.store import start_store
-from tenplex.transformer import NoSnapshotError, ShapeMismatchError, StateError
+from tenplex.transformer import DurableError, NoSnapshotError, ShapeMismatchError, StateError
 
 pytestmark = pytest.mark.dist
 
@@ -233,3 +233,43 @@ def test_the_durable_fallback_does_not_cast_dtypes(tmp_path):
         with pytest.raises(ShapeMismatchError, match=r"float32\[6\] in .* but float64\[6\]"):
             tenplex.load(target, job="cast", store=empty.url, path=str(tmp_path / "dcp"))
         assert torch.equal(target["w"], torch.zeros(6, dtype=torch.float64))
+
+
+def test_a_torn_durable_snapshot_raises_before_any_target_is_written(tmp_path):
+    """A checkpoint whose data file lost its tail (a persist cut short, a full disk): the fallback raises a
+    TenplexError (DCP's own CheckpointException is a BaseException) and every target keeps its values."""
+    path = tmp_path / "dcp"
+    with start_store() as s:
+        state = {"a": torch.arange(4096.0), "b": torch.arange(4096.0) * 2, "c": torch.ones(4096)}
+        tenplex.save(state, job="torn", step=3, store=s.url)
+        tenplex.persist("torn", 3, str(path), store=s.url)
+    data = max((p for p in path.iterdir() if p.suffix == ".distcp"), key=lambda p: p.stat().st_size)
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    target = {k: torch.full((4096,), -1.0) for k in ("a", "b", "c")}
+    with start_store() as empty, pytest.raises(DurableError, match="persisted snapshot"):
+        tenplex.load(target, job="torn", store=empty.url, path=str(path))
+    assert all(torch.equal(t, torch.full((4096,), -1.0)) for t in target.values())
+
+
+def test_a_failed_persist_leaves_the_checkpoint_before_it(tmp_path, monkeypatch):
+    """persist writes beside the path and swaps it in whole: one that fails midway (here: the writer raises
+    after its first file) leaves the previous checkpoint readable, and a TenplexError."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    path = tmp_path / "dcp"
+    with start_store() as s:
+        tenplex.save({"w": torch.arange(6.0)}, job="swap", step=1, store=s.url)
+        tenplex.persist("swap", 1, str(path), store=s.url)
+        tenplex.save({"w": torch.arange(6.0) + 10}, job="swap", step=2, store=s.url)
+
+        def broken(self, *args, **kwargs):
+            raise OSError("No space left on device")
+
+        with monkeypatch.context() as m, pytest.raises(DurableError, match="No space left"):
+            m.setattr(FileSystemWriter, "write_data", broken)
+            tenplex.persist("swap", 2, str(path), store=s.url)
+    assert [p.name for p in tmp_path.iterdir()] == ["dcp"]  # nothing half-written left beside it
+    target = {"w": torch.zeros(6)}
+    with start_store() as empty:
+        info = tenplex.load(target, job="swap", store=empty.url, path=str(path))
+    assert info.step == 1 and torch.equal(target["w"], torch.arange(6.0))

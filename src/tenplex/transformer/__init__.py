@@ -7,6 +7,7 @@ DCP-shaped: `state_dict` is a nested dict of tensors, DTensors on any mesh, plai
 from . import jobrecord
 from .durable import persist
 from .errors import (
+    DurableError,
     KeyMismatchError,
     NoSnapshotError,
     ShapeMismatchError,
@@ -19,6 +20,7 @@ from .save import SaveHandle, save
 from .snapshot import LoadInfo
 
 __all__ = [
+    "DurableError",
     "KeyMismatchError",
     "LoadInfo",
     "NoSnapshotError",

@@ -7,18 +7,25 @@ are ordinary DCP checkpoints that `torch.distributed.checkpoint.load` reads into
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import time
+import uuid
 import warnings
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.tensor import DTensor
 
 from ..ptc import PTC, Box
 from ..ptc import values as value_codec
 from ..store import StoreError
-from .errors import KeyMismatchError, NoSnapshotError, ShapeMismatchError, StateError
+from . import world
+from .errors import DurableError, KeyMismatchError, NoSnapshotError, ShapeMismatchError, StateError
 from .gathered import blob_name
 from .shards import DTYPES, Staged
 from .snapshot import LoadInfo, choose
@@ -28,6 +35,7 @@ from .tree import expand, flatten, restore
 VALUES_KEY = "tenplex.values"
 STEP_KEY = "tenplex.step"
 TORCH_DTYPES = {name: dtype for dtype, name in DTYPES.items()}
+T = TypeVar("T")
 
 
 def persist(job: str, step: int | None, path: str, *, store: str | None = None) -> dict[str, Any]:
@@ -41,9 +49,14 @@ def persist(job: str, step: int | None, path: str, *, store: str | None = None) 
     nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
     state[VALUES_KEY] = json.dumps(value_codec.encode(ptc.values))
     state[STEP_KEY] = step
-    with warnings.catch_warnings():  # one process on purpose: DCP's "assuming single process" is noise here
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.save(state, checkpoint_id=path, no_dist=True)
+    tmp = Path(path).parent / f".{Path(path).name}.partial-{uuid.uuid4().hex[:8]}"
+    try:
+        with warnings.catch_warnings():  # one process on purpose: DCP's "assuming single process" is noise
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            _dcp(dcp.save, f"persisting step {step} to {path}", state, checkpoint_id=str(tmp), no_dist=True)
+        _swap(tmp, Path(path))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return {"job": job, "step": step, "path": path, "bytes": nbytes, "seconds": time.perf_counter() - started}
 
 
@@ -96,16 +109,17 @@ def load_durable(
 ) -> LoadInfo:
     """Load the target from a DCP checkpoint written by `persist` (DCP reshards into any layout).
 
-    Keys and shapes are checked against the checkpoint's metadata and values before any tensor is written.
-    """
+    Keys, shapes and dtypes are checked against the checkpoint's metadata first; the tensors are read into
+    staging copies, and the targets are written only once every rank read all of its part (a torn
+    checkpoint leaves every target as it was). NoSnapshotError only when `path` holds no checkpoint."""
     tree = expand(state_dict)
     tensors, values = flatten(tree)
-    try:
-        meta = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
-    except Exception as e:
-        raise NoSnapshotError(f"cannot read a persisted snapshot at {path!r}: {e}") from None
+    if not world.decide(lambda: (Path(path) / ".metadata").is_file(), process_group):  # one answer for all
+        raise NoSnapshotError(f"no persisted snapshot at {path!r}")
+    what = f"the persisted snapshot at {path!r}"
+    meta = _dcp(lambda: dcp.FileSystemReader(path).read_metadata().state_dict_metadata, what)
     head: dict[str, Any] = {VALUES_KEY: "", STEP_KEY: 0}
-    dcp.load(head, checkpoint_id=path, process_group=process_group)
+    _dcp(dcp.load, what, head, checkpoint_id=path, process_group=process_group)
     saved_values = value_codec.decode(json.loads(head[VALUES_KEY]))
     saved_names = set(meta) - set(head)
     missing = sorted((set(tensors) - saved_names) | (set(values) - set(saved_values)))
@@ -121,7 +135,11 @@ def load_durable(
                 f"tensor {name!r} is {_name(dtype)}{list(size)} in {path} "
                 f"but {_name(t.dtype)}{list(t.shape)} in the target"
             )
-    dcp.load(state, checkpoint_id=path, process_group=process_group)
+    staged = {n: torch.empty_like(t) for n, t in state.items()}  # DTensors keep their mesh and placements
+    _dcp(dcp.load, what, staged, checkpoint_id=path, process_group=process_group)  # raises on every rank
+    with torch.no_grad():
+        for name, t in state.items():
+            _local(t).copy_(_local(staged[name]))
     restore(state_dict, tree, {k: v for k, v in saved_values.items() if k in values})
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
     return LoadInfo(
@@ -134,3 +152,38 @@ def load_durable(
         source="durable",
         note=reason or "",
     )
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _dcp(fn: Callable[..., T], what: str, *args: Any, **kwargs: Any) -> T:
+    """A DCP call whose failures are tenplex's: DCP raises `CheckpointException`, a BaseException that a
+    user's `except Exception` would not catch, and torch's own errors from deep inside."""
+    try:
+        return fn(*args, **kwargs)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:
+        raise DurableError(f"{what} failed: {_cause(e)}") from None
+
+
+def _cause(e: BaseException) -> str:
+    """One line: a CheckpointException's first rank's own error (its message is only the ranks' list)."""
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict) and failures:
+        rank, inner = sorted(failures.items(), key=lambda kv: kv[0])[0]
+        inner = getattr(inner, "exception", inner)
+        return f"rank {rank}: {_cause(inner) if isinstance(inner, BaseException) else inner}"
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:300] if text else ''}"
+
+
+def _swap(new: Path, path: Path) -> None:
+    """`new` becomes `path` whole: a persist that fails midway leaves the checkpoint before it in place."""
+    old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
+    if path.exists():
+        os.rename(path, old)
+    os.rename(new, path)
+    shutil.rmtree(old, ignore_errors=True)

@@ -48,6 +48,10 @@ class StoresLostError(StateError):
         return (type(self), (self.job, self.lost))
 
 
+class DurableError(StateError):
+    """A persisted (DCP) snapshot could not be written or read whole; nothing was written to the targets."""
+
+
 class UnrecoverableError(StateError):
     """Some boxes have no surviving copy, and no durable snapshot was given to fall back to."""
 

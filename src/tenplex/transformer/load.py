@@ -16,7 +16,7 @@ from ..util import collector, env
 from . import world
 from .breakdown import Breakdown
 from .durable import load_durable
-from .errors import KeyMismatchError, ShapeMismatchError, StateError, UnrecoverableError
+from .errors import KeyMismatchError, NoSnapshotError, ShapeMismatchError, StateError, UnrecoverableError
 from .fetch import drop_relays, execute, shared_remote_boxes
 from .gathered import build_ptc, gather, merged_values, subset
 from .shards import local_shard
@@ -58,9 +58,12 @@ def load(
         if path is None:
             raise error
         with bd.phase("durable"):
-            info = load_durable(
-                state_dict, path, strict=strict, started=started, reason=reason, process_group=group
-            )
+            try:
+                info = load_durable(
+                    state_dict, path, strict=strict, started=started, reason=reason, process_group=group
+                )
+            except NoSnapshotError:  # nothing persisted there yet: the stores' answer stands
+                raise error from None
         info.phases, info.skipped = bd.as_dict(), skipped
         return info
 

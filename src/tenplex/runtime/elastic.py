@@ -38,6 +38,7 @@ def build_spec(argv: list[str] | None = None) -> WorkerSpec:
     p.add_argument("--table", default=None, help="para-config file (JSON or YAML): devices -> {dp, tp, pp}")
     p.add_argument("--durable", default=None, help="persisted DCP snapshot to fall back to")
     p.add_argument("--stop-file", default=None, help="stop (and save) at the next step once this exists")
+    p.add_argument("--fresh", action="store_true", help="start at step 0 though stores may be lost")
     p.add_argument("--min-step-seconds", type=float, default=0.0, help="pace steps (emulates slower devices)")
     args = p.parse_args(argv)
     cfg = config_from_args(args)
@@ -52,6 +53,7 @@ def build_spec(argv: list[str] | None = None) -> WorkerSpec:
         train=asdict(cfg),
         table=read_table(args.table, "para-config") if args.table else None,
         min_step_seconds=args.min_step_seconds,
+        fresh=args.fresh,
     ).placed()
 
 

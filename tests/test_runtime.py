@@ -689,3 +689,36 @@ def test_ranks_that_cannot_be_started_ahead_are_started_at_the_boundary(tmp_path
     ]
     s = summary(tmp_path / "run")
     assert s["steps"] == 8 and s["ledger"]["ok"]
+
+
+@pytest.mark.dist
+def test_a_rerun_whose_stores_are_lost_stops_with_them_named_and_starts_over_only_with_fresh(tmp_path):
+    """The controller and its stores die before anything was persisted: a rerun of the same run directory
+    must not take the new, empty stores' word for "no snapshot" (the run's record names the stores its
+    snapshots were on): it stops with them named, and `--fresh` is the one way to start over."""
+    schedule = tmp_path / "schedule.json"
+    schedule.write_text(json.dumps([{"step": 0, "devices": 2}]))
+    run_dir = tmp_path / "run"
+    args = ["run", "--schedule", str(schedule), "--run-dir", str(run_dir), "--steps", "8",
+            "--global-batch", "8", "--snapshot-every", "2", "--job", "lost-test"]  # fmt: skip
+    p = tenplex(*args, start_new_session=True)
+    record = run_dir / "lost-test.json"  # the job's record of its stores, kept with the run
+    deadline = time.time() + 300
+    while time.time() < deadline and not record.exists():
+        time.sleep(0.2)
+    assert record.exists(), "no snapshot was committed"
+    os.killpg(p.pid, signal.SIGKILL)  # the controller and every rank of its session
+    p.wait()
+    for store in json.loads((run_dir / "cluster.json").read_text())["stores"].values():
+        os.kill(store["pid"], signal.SIGKILL)  # a lost host: its store is gone with the snapshots
+    again = tenplex(*args)
+    out, _ = again.communicate(timeout=300)
+    assert again.returncode == 2, out[-3000:]
+    assert "lost-test" in out and "store(s) that may hold one are lost" in out and "--fresh" in out
+    assert "unreachable" in out
+    fresh = tenplex(*args, "--fresh")
+    out, _ = fresh.communicate(timeout=300)
+    assert fresh.returncode == 0, out[-3000:]
+    assert "starting from step 0 (--fresh)" in out or '"fresh"' in (run_dir / "timeline.jsonl").read_text()
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["steps"] == 8 and s["ledger"]["ok"]

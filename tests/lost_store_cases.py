@@ -20,5 +20,30 @@ def main() -> None:
     dist.destroy_process_group()  # before the interpreter's teardown: gloo aborts there otherwise
 
 
+def a_peer_dies() -> None:
+    """Rank 1 leaves right after the group formed; rank 0's save then meets a broken group."""
+    import os
+
+    from tenplex.transformer import GroupError
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    dist.barrier()
+    if rank == 1:
+        write_result({"left": True})
+        os._exit(0)
+    try:
+        tenplex.save(build(LAYOUTS["dp2"], rank, 1, False), job="broken", step=1)
+        out = {"error": None}
+    except GroupError as e:
+        out = {"error": "GroupError", "message": str(e)}
+    except BaseException as e:  # what a user would have to catch otherwise
+        out = {"error": type(e).__name__, "message": str(e)}
+    write_result(out)
+    os._exit(0)  # the group is broken: no teardown that would wait on it
+
+
 if __name__ == "__main__":
-    main()
+    import os
+
+    a_peer_dies() if os.environ.get("TENPLEX_TEST_CASE") == "peer-dies" else main()

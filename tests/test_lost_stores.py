@@ -147,3 +147,13 @@ def _leaves(sd: dict) -> list[torch.Tensor]:
     }
     flat |= {f"optim.state.lin.weight.{k}": v for k, v in sd["optim"]["state"]["lin.weight"].items()}
     return [flat[n] for n in NAMES]
+
+
+def test_a_broken_process_group_is_a_tenplex_error():
+    """A rank that is gone mid-save: the others get GroupError (a TenplexError naming the collective), not
+    gloo's RuntimeError from deep inside."""
+    with start_store() as s:
+        out = run_ranks("lost_store_cases", 2, env={"TENPLEX_STORE": s.url, "TENPLEX_TEST_CASE": "peer-dies"})
+    assert out[1] == {"left": True}
+    assert out[0]["error"] == "GroupError", out[0]
+    assert "process group broke during" in out[0]["message"]

@@ -8,6 +8,7 @@ from . import jobrecord
 from .durable import persist
 from .errors import (
     DurableError,
+    GroupError,
     KeyMismatchError,
     NoSnapshotError,
     ShapeMismatchError,
@@ -21,6 +22,7 @@ from .snapshot import LoadInfo
 
 __all__ = [
     "DurableError",
+    "GroupError",
     "KeyMismatchError",
     "LoadInfo",
     "NoSnapshotError",

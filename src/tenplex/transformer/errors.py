@@ -26,6 +26,15 @@ class ShapeMismatchError(StateError):
     """A tensor's global shape or dtype differs between the snapshot and the target."""
 
 
+class GroupError(TenplexError):
+    """A collective of a save's or load's process group failed: a rank died, or the group timed out. Not
+    the stores' fault: no fallback hides it, and nothing was written to the targets before it."""
+
+
+class SaveTimeoutError(StateError, TimeoutError):
+    """`SaveHandle.wait(timeout)` ran out while the commit was still under way."""
+
+
 class NoSnapshotError(StateError):
     """No committed version of the job can be found."""
 

@@ -16,7 +16,7 @@ from ..store import MemoryLimitError, NotFoundError, StoreClient, StoreError
 from ..util import collector
 from . import jobrecord, world
 from .breakdown import Breakdown
-from .errors import StateError
+from .errors import SaveTimeoutError, StateError
 from .gathered import blob_name, forget_layouts, gather_writers
 from .shards import local_shard
 from .snapshot import make_manifest, stamp
@@ -41,7 +41,7 @@ class SaveHandle:
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():
-                raise TimeoutError(f"save of {self.job}@{self.step} still running after {timeout} s")
+                raise SaveTimeoutError(f"save of {self.job}@{self.step} still running after {timeout} s")
         if self._error:
             raise self._error[0]
         return self

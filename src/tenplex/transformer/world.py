@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import atexit
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from ..util.net import wait_listening
+from .errors import GroupError
 
 Group = Any  # a torch.distributed ProcessGroup or None
 T = TypeVar("T")
@@ -60,8 +62,9 @@ def _exchange(data: bytes, slot: int, n: int, group: Group) -> tuple[list[bytes 
     if len(data) <= slot - 8:
         mine[8 : 8 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     every = torch.empty((n, slot), dtype=torch.uint8)
-    dist.gather(mine, list(every) if rank(group) == 0 else None, group=group, group_dst=0)
-    dist.broadcast(every, group=group, group_src=0)
+    with collective("an all-gather"):
+        dist.gather(mine, list(every) if rank(group) == 0 else None, group=group, group_dst=0)
+        dist.broadcast(every, group=group, group_src=0)
     raw = every.numpy()
     lengths = [int.from_bytes(raw[i, :8].tobytes(), "little") for i in range(n)]
     return [raw[i, 8 : 8 + k].tobytes() if k <= slot - 8 else None for i, k in enumerate(lengths)], lengths
@@ -72,8 +75,20 @@ def broadcast(obj: Any, group: Group = None) -> Any:
     if not active():
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, group_src=0, group=group)
+    with collective("a broadcast"):
+        dist.broadcast_object_list(box, group_src=0, group=group)
     return box[0]
+
+
+@contextmanager
+def collective(what: str) -> Iterator[None]:
+    """A collective whose failure is a `GroupError` naming it (gloo raises RuntimeError subclasses from
+    deep inside when a peer is gone or the group timed out)."""
+    try:
+        yield
+    except RuntimeError as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise GroupError(f"the process group broke during {what}: {first}") from e
 
 
 def decide(fn: Callable[[], T], group: Group = None) -> T:
@@ -95,7 +110,8 @@ def decide(fn: Callable[[], T], group: Group = None) -> T:
 
 def barrier(group: Group = None) -> None:
     if active():
-        dist.barrier(group=group)
+        with collective("a barrier"):
+            dist.barrier(group=group)
 
 
 def background_group(group: Group = None) -> Group:

@@ -289,11 +289,12 @@ if sys.argv[2] == "1":
     a = c.allocate_blob("crash", 7, "r0/half", "float32", (1000,))
     a[:500] = 1
 else:  # a PUT whose body stops halfway
-    import socket
-    s = socket.create_connection((c.host, c.port))
-    s.sendall(b"PUT /v1/jobs/crash/versions/7/blobs/r0%2Fhalf?dtype=float32&shape=1000 HTTP/1.1\\r\\n"
-              b"Authorization: Bearer " + c.token.encode() + b"\\r\\n"
-              b"Content-Length: 4000\\r\\n\\r\\n" + b"\\0" * 2000)
+    from tenplex.store.auth import handshake
+    from tenplex.store.protocol import connect
+    conn = connect(c.host, c.port, 10)
+    handshake(conn, c.url, c.token)
+    conn.sock.sendall(b"PUT /v1/jobs/crash/versions/7/blobs/r0%2Fhalf?dtype=float32&shape=1000 HTTP/1.1\\r\\n"
+                      b"Content-Length: 4000\\r\\n\\r\\n" + b"\\0" * 2000)
 os._exit(9)
 """
 

@@ -42,21 +42,26 @@ def token_from_file(path: str) -> str:
         if os.path.islink(path):
             raise TokenFileError(f"token file {path} is a symlink: use the file itself") from None
         raise TokenFileError(f"token file {path}: {e.strerror}") from None
-    with os.fdopen(fd) as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise TokenFileError(f"token file {path} is not a regular file")
-        if st.st_uid != os.getuid():
-            raise TokenFileError(f"token file {path} belongs to uid {st.st_uid}, not to this user: chown it")
-        if st.st_mode & 0o077:
-            raise TokenFileError(f"token file {path} is readable or writable by others: chmod 600 {path}")
-        token = f.read(4096).strip()
+    try:
+        _check_file(path, os.fstat(fd))
+        token = os.read(fd, 4096).decode(errors="replace").strip()
+    finally:
+        os.close(fd)
     if token_bits(token) < MIN_BITS:
         raise TokenFileError(
             f"token file {path} holds a weak token (under {MIN_BITS} bits: use at least 32 random hex "
             "characters, e.g. `python -c 'import secrets; print(secrets.token_hex(32))'`)"
         )
     return token
+
+
+def _check_file(path: str, st: os.stat_result) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise TokenFileError(f"token file {path} is not a regular file")
+    if st.st_uid != os.getuid():
+        raise TokenFileError(f"token file {path} belongs to uid {st.st_uid}, not to this user: chown it")
+    if st.st_mode & 0o077:
+        raise TokenFileError(f"token file {path} is readable or writable by others: chmod 600 {path}")
 
 
 def read_token(path: str | None, create: bool) -> str | None:

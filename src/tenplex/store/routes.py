@@ -396,9 +396,9 @@ def _auth(d: Daemon, req: Request) -> dict[str, Any]:
     (once); the connection is then authenticated."""
     proof = req.json().get("proof")
     s = req.session
-    challenge, s.challenge = (s.challenge, None) if s is not None else (None, None)
-    if s is None or challenge is None:
+    if s is None or s.challenge is None:
         raise AuthError("no challenge on this connection: POST /v1/hello first")
+    challenge, s.challenge = s.challenge, None
     challenge.check(proof)
     d.promote(s)
     return {"ok": True}

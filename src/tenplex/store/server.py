@@ -227,6 +227,8 @@ class Server:
         """`s` proved it holds the token: move it to the authenticated pool (StoreUnavailable when that
         is full, or when it was displaced meanwhile)."""
         with self._lock:
+            if s.pool == "auth":
+                return
             room = self._authed < self.max_connections and self._peers[s.peer] < self.max_per_peer
             if s.pool != "unauth" or not room:
                 raise StoreUnavailable("too many connections")
@@ -295,7 +297,7 @@ class Server:
         try:
             while True:
                 if not s.authed:  # proven in time, or closed
-                    left = s.since + AUTH_TIMEOUT - time.monotonic()
+                    left = _auth_left(s)
                     if left <= 0:
                         break
                     idle = min(idle, left)
@@ -314,8 +316,9 @@ class Server:
         self, conn: Conn, s: Session, scratch: list[np.ndarray], leases: dict[int, list[Any]], idle: float
     ) -> bool:
         """Serve one request on the connection of `s`; False when the connection must close."""
+        limit = HEAD_TIMEOUT if s.authed else max(0.01, min(HEAD_TIMEOUT, _auth_left(s)))
         try:
-            raw = conn.read_head_bytes(idle, HEAD_TIMEOUT)
+            raw = conn.read_head_bytes(idle, limit)
         except Closed:
             return False
         except StoreError as e:  # head too large, too slow or cut: framing is lost, answer and close
@@ -407,6 +410,11 @@ def send_error(conn: Conn, e: StoreError, close: bool) -> None:
         conn.send_head(f"HTTP/1.1 {e.status} {REASONS.get(e.status, 'Error')}", headers, body)
     except OSError:
         pass
+
+
+def _auth_left(s: Session) -> float:
+    """Seconds the connection of `s` has left to authenticate."""
+    return s.since + AUTH_TIMEOUT - time.monotonic()
 
 
 def _shut(sock: socket.socket) -> None:

@@ -1,10 +1,14 @@
 """Raw HTTP/1.1 over a plain socket, for the store's hostile-input and hardening tests: requests built
-byte for byte (no client library to tidy them up) and answers read without trusting the daemon."""
+byte for byte (no client library to tidy them up) and answers read without trusting the daemon. A socket
+authenticates with the store's handshake first when given the token (`authed`)."""
 
 from __future__ import annotations
 
 import json
 import socket
+
+from tenplex.store.auth import handshake
+from tenplex.store.protocol import Conn
 
 
 def addr(url: str) -> tuple[str, int]:
@@ -12,16 +16,30 @@ def addr(url: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def req(method: str, path: str, body: bytes = b"", extra: str = "", token: str | None = None) -> bytes:
-    """One request with a Content-Length; `extra` header lines verbatim; a bearer token if given."""
-    auth = f"Authorization: Bearer {token}\r\n" if token is not None else ""
-    head = f"{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: {len(body)}\r\n{extra}\r\n"
+def req(method: str, path: str, body: bytes = b"", extra: str = "") -> bytes:
+    """One request with a Content-Length; `extra` header lines verbatim."""
+    head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
     return head.encode() + body
 
 
-def exchange(url: str, data: bytes, shut: bool = True, timeout: float = 10) -> tuple[int, dict, bool]:
-    """Send raw bytes; (status, JSON body, whether the daemon then closed the connection)."""
-    with socket.create_connection(addr(url), timeout=timeout) as s:
+def authed(url: str, token: str | None, timeout: float = 10) -> socket.socket:
+    """A new connection to the store at `url`, authenticated by the handshake when `token` is given."""
+    s = socket.create_connection(addr(url), timeout=timeout)
+    if token is not None:
+        try:
+            handshake(Conn(s), url, token)
+        except BaseException:
+            s.close()
+            raise
+    return s
+
+
+def exchange(
+    url: str, data: bytes, shut: bool = True, timeout: float = 10, token: str | None = None
+) -> tuple[int, dict, bool]:
+    """Send raw bytes (after the handshake when given the token); (status, JSON body, whether the daemon
+    then closed the connection)."""
+    with authed(url, token, timeout) as s:
         s.sendall(data)
         if shut:
             s.shutdown(socket.SHUT_WR)
@@ -51,3 +69,10 @@ def exchange(url: str, data: bytes, shut: bool = True, timeout: float = 10) -> t
             except TimeoutError:
                 closed = False
         return status, json.loads(body[:length]), closed
+
+
+def write_token(path, token: str) -> str:
+    """Write a token file a store and its clients accept (this user's, mode 0600); its path."""
+    path.write_text(token + "\n")
+    path.chmod(0o600)
+    return str(path)

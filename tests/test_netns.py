@@ -183,8 +183,10 @@ def test_bad_arguments_are_refused_before_anything_is_created():
 
 
 def test_a_store_in_a_host_needs_the_token_and_serves_other_hosts(prefix, tmp_path):
+    secret = "0f" * 16 + "a1b2c3d4e5f60718"  # a token file must hold 128 bits or more, mode 0600
     token = tmp_path / "token"
-    token.write_text("s3cret\n")
+    token.write_text(secret + "\n")
+    token.chmod(0o600)
     with Network(prefix) as net:
         net.add_host("h0")
         net.add_host("h1")
@@ -199,7 +201,7 @@ def test_a_store_in_a_host_needs_the_token_and_serves_other_hosts(prefix, tmp_pa
             except StoreError as e:
                 print(type(e).__name__)
         """)
-        good = net.run("h1", [sys.executable, "-c", ask, "s3cret"])
+        good = net.run("h1", [sys.executable, "-c", ask, secret])
         bad = net.run("h1", [sys.executable, "-c", ask, "wrong"])
         assert good.stdout.strip() == "ok", good.stderr
         assert bad.stdout.strip() != "ok", bad.stderr

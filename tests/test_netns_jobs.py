@@ -30,6 +30,7 @@ from test_torchrun import JOB, RDZV_CONF, STEPS, TABLE, _attempts, _stop, _wait
 WHY = netns.unavailable()
 pytestmark = [pytest.mark.dist, pytest.mark.skipif(WHY is not None, reason=WHY or "")]
 RDZV_PORT = 29400
+TOKEN = "netns-torchrun-token-0123456789abcdef"  # 128 bits or more, as a token file must hold
 
 
 @pytest.fixture
@@ -45,7 +46,8 @@ def test_torchrun_agents_in_namespace_hosts_join_and_leave(net: Network, tmp_pat
     out = tmp_path / "out"
     (tmp_path / "table.json").write_text(json.dumps(TABLE))
     token = tmp_path / "token"
-    token.write_text("netns-torchrun-token\n")
+    token.write_text(TOKEN + "\n")
+    token.chmod(0o600)  # a token file must be its owner's alone
     hosts = [net.add_host("h0"), net.add_host("h1")]
     logs = [str(tmp_path / f"store-{h.name}.log") for h in hosts]
     urls = [net.start_store(h.name, str(token), log, "1GiB")[0] for h, log in zip(hosts, logs)]
@@ -59,7 +61,7 @@ def test_torchrun_agents_in_namespace_hosts_join_and_leave(net: Network, tmp_pat
             TENPLEX_STORE=urls[i],
             TENPLEX_SOURCES=",".join(urls),
             TENPLEX_EMULATED_HOSTS="1",
-            TENPLEX_STORE_TOKEN="netns-torchrun-token",
+            TENPLEX_STORE_TOKEN=TOKEN,
             GLOO_SOCKET_IFNAME=netns.NIC,
             TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",  # see test_torchrun
         )

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from tenplex.cli.main import main as cli_main
 from tenplex.ptc import ITEM_SIZE, Box
 from tenplex.store import (
+    AuthError,
     BadRequestError,
     ChecksumError,
     ConflictError,
@@ -289,11 +290,12 @@ if sys.argv[2] == "1":
     a = c.allocate_blob("crash", 7, "r0/half", "float32", (1000,))
     a[:500] = 1
 else:  # a PUT whose body stops halfway
-    import socket
-    s = socket.create_connection((c.host, c.port))
-    s.sendall(b"PUT /v1/jobs/crash/versions/7/blobs/r0%2Fhalf?dtype=float32&shape=1000 HTTP/1.1\\r\\n"
-              b"Authorization: Bearer " + c.token.encode() + b"\\r\\n"
-              b"Content-Length: 4000\\r\\n\\r\\n" + b"\\0" * 2000)
+    from tenplex.store.auth import handshake
+    from tenplex.store.protocol import connect
+    conn = connect(c.host, c.port, 10)
+    handshake(conn, c.url, c.token)
+    conn.sock.sendall(b"PUT /v1/jobs/crash/versions/7/blobs/r0%2Fhalf?dtype=float32&shape=1000 HTTP/1.1\\r\\n"
+                      b"Content-Length: 4000\\r\\n\\r\\n" + b"\\0" * 2000)
 os._exit(9)
 """
 
@@ -759,7 +761,7 @@ PROTOCOL_V1 = {
     ("post", f"{V}/blobs/{{name}}/seal"), ("post", f"{V}/read"), ("post", f"{V}/locate"),
     ("post", f"{V}/allocate"), ("post", f"{V}/seal"),
     ("post", "/v1/release"), ("post", "/v1/relay"), ("post", "/v1/relay/drop"), ("post", "/v1/peers"),
-    ("post", "/v1/hello"), ("get", "/v1/local"),
+    ("post", "/v1/hello"), ("post", "/v1/auth"), ("get", "/v1/local"),
     ("get", "/v1/datasets"),
     ("post", "/v1/datasets/{job}"), ("get", "/v1/datasets/{job}"), ("delete", "/v1/datasets/{job}"),
     ("post", "/v1/datasets/{job}/ids"), ("post", "/v1/datasets/{job}/read"),
@@ -776,7 +778,7 @@ def test_the_api_describes_itself_as_openapi(store):
         concrete = path.format(job="openapi-probe", step=7, name="nope")
         try:
             c.request(method.upper(), concrete, {} if method in ("post", "put") else None)
-        except (NotFoundError, BadRequestError, ConflictError) as e:
+        except (NotFoundError, BadRequestError, ConflictError, AuthError) as e:  # /v1/auth: no challenge
             assert "no such endpoint" not in str(e) and "not allowed" not in str(e), (method, path, e)
     with pytest.raises(NotFoundError, match="no such endpoint"):  # the probe can tell
         c.request("GET", "/v1/jobs/openapi-probe/versions/7/nothing")
@@ -879,7 +881,7 @@ def test_a_pooled_connection_the_store_closed_is_not_used_again(monkeypatch):
 
 def test_relay_fetches_of_one_save_that_start_together_list_its_blobs_once(request):
     """Four ranks' relay requests for different blobs of one save reach the store together: it lists the
-    peer's blobs once for all of them (the rest of the peer's requests are the reads and the proofs of
+    peer's blobs once for all of them (the rest of the peer's requests are the reads and the handshakes of
     new connections), and each gets its own bytes."""
     job = job_name(request)
     with start_store(memory_limit="64MiB") as remote, start_store(memory_limit="64MiB") as here:
@@ -906,9 +908,10 @@ def test_relay_fetches_of_one_save_that_start_together_list_its_blobs_once(reque
         after = rc.stats()
         for n, a in blobs.items():
             np.testing.assert_array_equal(outs[n], a)
-        proofs = after["accepted"] - before["accepted"]
-        # requests: one listing + one read per blob + a proof per new connection + the second stats call
-        assert after["requests"] - before["requests"] == 1 + len(blobs) + proofs + 1
+        handshakes = after["accepted"] - before["accepted"]
+        # requests: one listing + one read per blob + a handshake (hello, auth) per new connection + the
+        # second stats call
+        assert after["requests"] - before["requests"] == 1 + len(blobs) + 2 * handshakes + 1
 
 
 def test_a_kept_listing_never_lets_a_relay_answer_with_another_saves_bytes(request):

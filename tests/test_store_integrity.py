@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import rawhttp
 from conftest import serve
 from launch import run_ranks
 from tenplex.ptc import Box
@@ -130,10 +131,9 @@ def test_a_put_in_flight_does_not_recreate_a_version_deleted_meanwhile(store):
     c = store.client(local=False)
     job = "inflight"
     c.write_blob(job, 3, "r0/a", np.zeros(4, np.float32))
-    sock = socket.create_connection((c.host, c.port))
+    sock = rawhttp.authed(c.url, c.token)
     try:
         sock.sendall(b"PUT /v1/jobs/inflight/versions/3/blobs/r0%2Fb?dtype=uint8&shape=4000 HTTP/1.1\r\n"
-                     b"Authorization: Bearer " + c.token.encode() + b"\r\n"
                      b"Content-Length: 4000\r\n\r\n" + b"\1" * 2000)  # fmt: skip
         time.sleep(0.3)  # the daemon is receiving the body
         c.delete_version(job, 3)

@@ -77,9 +77,8 @@ class StoreClient(DatasetClient):
         local: bool | None = None,
         timeout: float = 120.0,
         retries: int = 3,
-        on_connect: Callable[[Conn], None] | None = None,
     ) -> None:
-        super().__init__(url, token, local, timeout, retries, on_connect)
+        super().__init__(url, token, local, timeout, retries)
         self._allocated: dict[tuple[str, int, str], Any] = {}
 
     @staticmethod

@@ -24,7 +24,6 @@ from .checksum import CHUNK, StreamDigests, byte_span, cuts, digest, span_digest
 from .client import StoreClient
 from .datasets import Registry
 from .errors import BadRequestError
-from .peers import proven_client
 from .protocol import json_body
 from .relay import RelayCache
 from .replication import Replicator
@@ -73,10 +72,10 @@ class Daemon(Server):
 
     def peer(self, url: str) -> StoreClient:
         """The network client of another store for relay fetches and replica pushes, kept per URL so that
-        its connections are reused; it carries this store's token only on connections where that store
-        proved it holds the same one (`peers.prove`)."""
+        its connections are reused; each new one proves the peer holds this store's token before it is
+        used (`auth.handshake`)."""
         with self._clients_lock:
-            c = self._peer_clients.pop(url, None) or proven_client(url, self.token)
+            c = self._peer_clients.pop(url, None) or StoreClient(url, token=self.token or "", local=False)
             self._peer_clients[url] = c  # the most recently used last
             old = [self._peer_clients.pop(u) for u in list(self._peer_clients)[:-MAX_PEERS]]
         for o in old:

@@ -14,7 +14,7 @@ definition of the sample order). `store` and `data` are one layer (DESIGN.md); t
 `data` never imports `store`. Both are torch-free.
 
 Trust model: the corpus directory is a path on the daemon's host and registering it is a request like any
-other (it needs the bearer token, as every request does). The daemon only
+other (it needs an authenticated connection, as every request does). The daemon only
 ever maps `<dir>/<split>.bin`, and only when `<dir>/meta.json` is a corpus description as `build_corpus`
 writes it (format version, integer token dtype, the split's token count) and the `.bin` file is a regular
 file (no symlink) whose size matches that count exactly. So a registration cannot make the daemon read an

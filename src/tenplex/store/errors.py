@@ -20,7 +20,8 @@ class BadRequestError(StoreError, ValueError):
 
 
 class AuthError(StoreError):
-    """Missing or wrong bearer token."""
+    """A connection that did not prove it holds the token, a server that did not, or a token file or
+    same-host path not safe to trust."""
 
     status = 401
     kind = "unauthorized"

@@ -12,8 +12,9 @@ import os
 import signal
 import sys
 
-from ..util import SizeError, logs, parse_size, read_token
+from ..util import SizeError, logs, parse_size
 from ..util.collector import freeze_imports
+from .auth import token_file
 from .daemon import Daemon
 from .errors import BadRequestError, StoreError
 from .routes import ROUTES
@@ -28,11 +29,11 @@ class _Shutdown(BaseException):
 
 
 def load_token(path: str | None) -> str:
-    """The bearer token from `path` (default: this user's `~/.tenplex/store.token`), created 0600 with a
+    """The token from `path` (default: this user's `~/.tenplex/store.token`), created 0600 with a
     new random token if missing: every store requires one, loopback included."""
     try:
-        token = read_token(path, create=True)
-    except (OSError, ValueError) as e:
+        token = token_file(path, create=True)
+    except OSError as e:
         raise BadRequestError(f"no token for the store: {e} (pass --token-file)") from None
     assert token is not None
     return token

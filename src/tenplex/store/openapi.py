@@ -14,6 +14,14 @@ _RAW = {"application/octet-stream": {"schema": {"type": "string", "format": "bin
 _ERROR = {"description": "a JSON error: {error, message}", "content": _JSON}
 
 
+AUTH = (
+    "Only the handshake (POST /v1/hello, then POST /v1/auth: an HMAC challenge-response in both "
+    "directions, see tenplex.store.auth) and GET /v1/local are answered on a connection that has not "
+    "authenticated; every other request there is answered 401. A Unix-socket peer of the store's uid or "
+    "root is authenticated by its credentials. No request carries the token."
+)
+
+
 def document(routes: Iterable[Route], protocol: int) -> dict[str, Any]:
     """Every route with its path parameters; raw-byte bodies (blob writes, box reads) marked as such."""
     paths: dict[str, dict[str, Any]] = {}
@@ -36,12 +44,10 @@ def document(routes: Iterable[Route], protocol: int) -> dict[str, Any]:
         if body != "none":
             op["requestBody"] = {"required": body == "raw", "content": _RAW if body == "raw" else _JSON}
         if public:
-            op["security"] = [{}]
+            op["x-unauthenticated"] = True
         paths.setdefault(path, {})[method.lower()] = op
     return {
         "openapi": "3.1.0",
-        "info": {"title": "tenplex tensor store", "version": str(protocol)},
-        "components": {"securitySchemes": {"token": {"type": "http", "scheme": "bearer"}}},
-        "security": [{"token": []}],  # every route but the peer proof needs the token
+        "info": {"title": "tenplex tensor store", "version": str(protocol), "description": AUTH},
         "paths": paths,
     }

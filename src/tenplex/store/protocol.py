@@ -15,9 +15,11 @@ import socket
 import struct
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 from .errors import AuthError, BadRequestError, RequestTimeout, StoreUnavailable, TooLargeError
 
+DEFAULT_PORT = 7311
 MAX_LINE = 8 << 10  # request line / status line
 MAX_HEAD = 32 << 10  # whole header section
 MAX_HEADERS = 64
@@ -181,6 +183,18 @@ class Conn:
 
     def send(self, data: memoryview | bytes) -> None:
         self.sock.sendall(data)
+
+
+def parse_url(url: str) -> tuple[str, int]:
+    """(host, port) of a store URL `http://HOST:PORT`; BadRequestError for anything else."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port or DEFAULT_PORT
+    except ValueError:
+        port = -1
+    if parts.scheme != "http" or not parts.hostname or parts.path not in ("", "/") or port < 0:
+        raise BadRequestError(f"store URL must look like http://HOST:PORT, got {url!r}")
+    return parts.hostname, port
 
 
 def content_length(headers: dict[str, str]) -> int:

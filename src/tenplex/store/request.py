@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import itertools
 import re
+import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -13,9 +15,23 @@ from urllib.parse import unquote
 
 import numpy as np
 
+from .auth import Challenge
 from .errors import BadRequestError, TooLargeError
 from .keys import check_job, check_name, check_step
 from .protocol import MAX_JSON, Conn, parse_json
+
+
+@dataclass(eq=False)
+class Session:
+    """One connection's standing: where it came from and whether it proved it holds the token (a Unix
+    socket peer the kernel vouched for, or a TCP client that passed the handshake, see `auth`)."""
+
+    sock: socket.socket
+    peer: str
+    authed: bool
+    since: float = field(default_factory=time.monotonic)
+    challenge: Challenge | None = None  # what its `/v1/hello` asked, until `/v1/auth` checks it
+    pool: str = ""  # "auth" or "unauth" while the server counts it there, "" once it is not counted
 
 
 @dataclass
@@ -29,7 +45,12 @@ class Request:
     consumed: bool = False  # the body has been read completely
     scratch: list[np.ndarray] = field(default_factory=list)  # the connection's reusable buffer
     leases: dict[int, list[Any]] = field(default_factory=dict)  # what the connection holds, by lease id
-    trusted: bool = False  # it carried the token
+    session: Session | None = None  # the connection's standing (None only outside a server)
+
+    @property
+    def trusted(self) -> bool:
+        """Whether the connection it came on is authenticated."""
+        return self.session is not None and self.session.authed
 
     def lease(self, items: list[Any]) -> int:
         """Keep `items` held for this connection until `unlease` (or `Server.end_leases` at its close)."""
@@ -73,7 +94,7 @@ class Route(NamedTuple):
     pattern: re.Pattern[str]
     handler: Handler
     body: str  # "none", "json" or "raw"
-    public: bool  # answered without the token (only the peer proof)
+    public: bool  # answered on a connection not authenticated (the handshake and `/v1/local`)
 
 
 class RouteTable(list[Route]):

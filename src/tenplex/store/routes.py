@@ -10,13 +10,13 @@ import os
 from typing import Any
 
 from ..ptc import Box
+from .auth import Challenge, check_nonce, is_own_url
 from .catalog import ANY, Blob, check_save_id
 from .checksum import CHUNK, chunk_digests, list_digest
 from .daemon import Daemon
 from .dataset_routes import DATASET_ROUTES
-from .errors import BadRequestError, ChecksumError, NotFoundError, TooLargeError
+from .errors import AuthError, BadRequestError, ChecksumError, NotFoundError, TooLargeError
 from .keys import check_box, check_dtype, check_job, check_name, check_shape, check_step
-from .peers import is_own_url, proof
 from .request import Request, RouteTable
 from .shm import host_id
 
@@ -377,16 +377,32 @@ def _origin(value: Any) -> str | None:
 
 @route("POST", r"/v1/hello", public=True)
 def _hello(d: Daemon, req: Request) -> dict[str, Any]:
-    """Prove to another store that this one holds the token, for a URL that is this store's own."""
+    """The handshake's first step (`auth`): prove this store holds the token, for a URL that is its own,
+    and challenge the client with a nonce of its own."""
     body = req.json()
-    nonce, url = body.get("nonce"), body.get("url")
-    if not (isinstance(nonce, str) and 16 <= len(nonce) <= 128 and isinstance(url, str) and len(url) <= 1024):
+    nonce, url = check_nonce(body.get("nonce")), body.get("url")
+    if not (isinstance(url, str) and len(url) <= 1024):
         raise BadRequestError('expected {"nonce": 16 to 128 characters, "url": URL}')
-    if d.token is None:
+    if d.token is None or req.session is None:
         raise BadRequestError("this store runs without a token: there is nothing to prove")
     if not is_own_url(url, d.url, d.port, d.bound):
         raise BadRequestError(f"{url[:200]!r} is not this store's URL")
-    return {"url": d.url, "proof": proof(d.token, nonce, url)}
+    req.session.challenge = Challenge(d.token, nonce, url)
+    return {"url": d.url, **req.session.challenge.answer}
+
+
+@route("POST", r"/v1/auth", public=True)
+def _auth(d: Daemon, req: Request) -> dict[str, Any]:
+    """The handshake's second step: the client's proof of the token answers this connection's challenge
+    (once); the connection is then authenticated."""
+    proof = req.json().get("proof")
+    s = req.session
+    if s is None or s.challenge is None:
+        raise AuthError("no challenge on this connection: POST /v1/hello first")
+    challenge, s.challenge = s.challenge, None
+    challenge.check(proof)
+    d.promote(s)
+    return {"ok": True}
 
 
 def _rss() -> int:

@@ -1,27 +1,27 @@
 """The store's HTTP/1.1 server on raw sockets: the accept loop, one thread per connection, request heads
 parsed by llhttp (`heads`), authenticated, checked against their route, errors answered as JSON.
 
-Two ways in: TCP, where every non-public request carries the bearer token, and (`listen_unix`) a Unix
+Two ways in: TCP, where a connection proves it holds the token with the handshake of `auth` (`/v1/hello`,
+then `/v1/auth`) before anything but those two and `GET /v1/local` is answered, and (`listen_unix`) a Unix
 domain socket, mode 0600, for this host's processes: a connection on it is authenticated by the kernel's
-SO_PEERCRED (the peer must be the daemon's uid or root; others are answered 401 and closed) and needs no
-token.
+SO_PEERCRED (the peer must be the daemon's uid or root; others are answered 401 and closed).
 
 It knows nothing of blobs or versions: `Daemon` (the store's state) subclasses it and the handlers in
 `routes` receive the daemon and a `Request`.
 
-Hostile or excessive input: the soft open-file limit is raised to the hard one at start; connections are
-capped (in all and per peer address) well below it; an accept that fails for lack of file descriptors
-sheds the waiting connection and backs off instead of ending the daemon; a request head must arrive
-within HEAD_TIMEOUT seconds (a new connection's first head too, so silent sockets are closed in seconds);
-every framing doubt (bad head, body on a route that takes none, a body over the limit, an error before
-the body was read, `Connection: close`) closes the connection after the answer, so no body is ever
-parsed as a request.
+Hostile or excessive input: the soft open-file limit is raised to the hard one at start. Connections not
+authenticated yet have a small budget of their own (in all and per peer address; a newcomer past it
+displaces the oldest one of the address that holds the most) and AUTH_TIMEOUT seconds to prove themselves,
+so a flood of them never takes the room of authenticated ones, which have their own caps, well below the
+open-file limit. An accept that fails for lack of file descriptors sheds the waiting connection and backs
+off instead of ending the daemon; a request head must arrive within HEAD_TIMEOUT seconds; every framing
+doubt (bad head, body on a route that takes none, a body over the limit, an error before the body was
+read, `Connection: close`) closes the connection after the answer, so no body is ever parsed as a request.
 """
 
 from __future__ import annotations
 
 import errno
-import hmac
 import os
 import resource
 import socket
@@ -37,15 +37,19 @@ from ..util import logs
 from .errors import AuthError, BadRequestError, NotFoundError, StoreError, StoreUnavailable, TooLargeError
 from .heads import Head, parse_head
 from .protocol import MAX_JSON, REASONS, Closed, Conn, json_body, peer_uid, trusted_uid
-from .request import Request, Route
+from .request import Request, Route, Session
 
-MAX_CONNECTIONS = 4096  # open connections at most (also at most a quarter of the open-file limit)
+MAX_CONNECTIONS = 4096  # authenticated connections at most (also at most a quarter of the open-file limit)
+MAX_UNAUTH = 64  # connections not authenticated yet, in all
+MAX_UNAUTH_PER_PEER = 16  # ... and from one address
+AUTH_TIMEOUT = 5.0  # seconds a connection has to authenticate, from its accept
 HEAD_TIMEOUT = 5.0  # seconds for a request head, from a new connection or from its first byte
 IDLE_TIMEOUT = 300.0  # seconds a keep-alive connection may wait between requests
 BODY_TIMEOUT = 60.0  # seconds a body may stall
-PUBLIC_BODY = 4096  # bytes of body a route answered without the token accepts
-LINGER = 2.0  # seconds to discard a body still arriving after an early answer (token holders: 30 s, so
+PUBLIC_BODY = 4096  # bytes of body a route answered without authentication accepts
+LINGER = 2.0  # seconds to discard a body still arriving after an early answer (authenticated: 30 s, so
 LINGER_TRUSTED = 30.0  # that a big write into a full store over a slow link still reads its 507)
+UNPROVEN = "authenticate first: POST /v1/hello, then POST /v1/auth (see tenplex.store.auth)"
 _SHORT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 log = logs.get("store")
@@ -65,7 +69,8 @@ def raise_fd_limit() -> int:
 
 
 class Server:
-    """Serves `routes` on `host:port`; every non-public request must carry `token` when one is set."""
+    """Serves `routes` on `host:port`; with a `token`, only connections that proved they hold it get
+    more than the public routes."""
 
     def __init__(self, host: str, port: int, token: str | None, routes: list[Route]) -> None:
         fds = raise_fd_limit()
@@ -83,9 +88,13 @@ class Server:
             "bytes_out": 0,
             "refused": 0,
             "fd_exhausted": 0,
+            "displaced": 0,  # unauthenticated connections closed to make room for newer ones
         }
-        self.conns: set[socket.socket] = set()
-        self._peers: Counter[str] = Counter()
+        self.conns: set[socket.socket] = set()  # every open connection, to shut at close
+        self._peers: Counter[str] = Counter()  # authenticated connections by peer
+        self._authed = 0
+        self._unauth: dict[str, dict[Session, None]] = {}  # by peer, oldest first
+        self._n_unauth = 0
         self._lock = threading.Lock()
         self._spare = os.open(os.devnull, os.O_RDONLY)  # given up to shed a connection when out of fds
         self.unix_sock: socket.socket | None = None
@@ -153,21 +162,78 @@ class Server:
         self._admit(client, f"uid:{uid}", local=True)
 
     def _admit(self, client: socket.socket, peer: str, local: bool = False) -> None:
+        """Count a new connection in its pool (authenticated when `local` or when there is no token) and
+        serve it in a thread of its own; past the caps it is refused (authenticated) or displaces the
+        oldest unauthenticated connection of the address holding the most."""
+        s = Session(client, peer, authed=local or self.token is None)
         with self._lock:
-            full = len(self.conns) >= self.max_connections or self._peers[peer] >= self.max_per_peer
-            if not full:
+            victim = self._enter(s)
+            if s.pool:
                 self.conns.add(client)
-                self._peers[peer] += 1
                 self.counters["accepted"] += 1
-        if full:
+        if victim is not None:
+            _shut(victim.sock)
+        if not s.pool:
             self.count("refused")
             _reject(client, "too many connections")
             return
         try:
-            threading.Thread(target=self._connection, args=(client, peer, local), daemon=True).start()
+            threading.Thread(target=self._connection, args=(s,), daemon=True).start()
         except RuntimeError:  # no thread to be had: same as no room
-            self._forget(client, peer)
+            self._forget(s)
             _reject(client, "out of threads")
+
+    def _enter(self, s: Session) -> Session | None:
+        """Put `s` in its pool (lock held; its `pool` stays "" when full); the connection it displaces."""
+        if s.authed:
+            if self._authed < self.max_connections and self._peers[s.peer] < self.max_per_peer:
+                self._count_authed(s)
+            return None
+        mine = self._unauth.setdefault(s.peer, {})
+        victim = None
+        if len(mine) >= MAX_UNAUTH_PER_PEER:
+            victim = next(iter(mine))
+        elif self._n_unauth >= MAX_UNAUTH:
+            victim = next(iter(max(self._unauth.values(), key=len)))
+        if victim is not None:
+            self._uncount(victim)
+            self.counters["displaced"] += 1
+        self._unauth.setdefault(s.peer, {})[s] = None
+        self._n_unauth += 1
+        s.pool = "unauth"
+        return victim
+
+    def _count_authed(self, s: Session) -> None:
+        self._authed += 1
+        self._peers[s.peer] += 1
+        s.authed, s.pool = True, "auth"
+
+    def _uncount(self, s: Session) -> None:
+        """Take `s` out of the pool it is counted in (lock held)."""
+        if s.pool == "auth":
+            self._authed -= 1
+            self._peers[s.peer] -= 1
+            if self._peers[s.peer] <= 0:
+                del self._peers[s.peer]
+        elif s.pool == "unauth":
+            mine = self._unauth[s.peer]
+            del mine[s]
+            if not mine:
+                del self._unauth[s.peer]
+            self._n_unauth -= 1
+        s.pool = ""
+
+    def promote(self, s: Session) -> None:
+        """`s` proved it holds the token: move it to the authenticated pool (StoreUnavailable when that
+        is full, or when it was displaced meanwhile)."""
+        with self._lock:
+            if s.pool == "auth":
+                return
+            room = self._authed < self.max_connections and self._peers[s.peer] < self.max_per_peer
+            if s.pool != "unauth" or not room:
+                raise StoreUnavailable("too many connections")
+            self._uncount(s)
+            self._count_authed(s)
 
     def _shed(self, sock: socket.socket) -> None:
         """Out of descriptors: free the spare one, accept the waiting connection and close it at once."""
@@ -204,10 +270,7 @@ class Server:
         with self._lock:
             conns = list(self.conns)
         for c in conns:
-            try:
-                c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            _shut(c)
 
     def count(self, key: str, n: int = 1) -> None:
         with self._lock:
@@ -215,40 +278,47 @@ class Server:
 
     def connection_stats(self) -> dict[str, int]:
         with self._lock:
-            return {**self.counters, "connections": len(self.conns), "max_connections": self.max_connections}
+            return {**self.counters, "connections": len(self.conns), "max_connections": self.max_connections,
+                    "unauthenticated": self._n_unauth}  # fmt: skip
 
     def end_leases(self, leases: dict[int, list[Any]]) -> None:
         """A connection closed with `leases` still held (a reader that died): the store releases them."""
 
-    def _forget(self, sock: socket.socket, peer: str) -> None:
+    def _forget(self, s: Session) -> None:
         with self._lock:
-            self.conns.discard(sock)
-            self._peers[peer] -= 1
-            if self._peers[peer] <= 0:
-                del self._peers[peer]
+            self.conns.discard(s.sock)
+            self._uncount(s)
 
-    def _connection(self, sock: socket.socket, peer: str, local: bool = False) -> None:
-        conn = Conn(sock)
+    def _connection(self, s: Session) -> None:
+        conn = Conn(s.sock)
         scratch: list[np.ndarray] = []
         leases: dict[int, list[Any]] = {}
         idle = HEAD_TIMEOUT  # a new connection says something at once, or goes
         try:
-            while self._one(conn, scratch, leases, idle, local):
+            while True:
+                if not s.authed:  # proven in time, or closed
+                    left = _auth_left(s)
+                    if left <= 0:
+                        break
+                    idle = min(idle, left)
+                if not self._one(conn, s, scratch, leases, idle):
+                    break
                 idle = IDLE_TIMEOUT
         except (OSError, Closed):
             pass
         finally:
-            self._forget(sock, peer)
+            self._forget(s)
             conn.close()
             if leases:
                 self.end_leases(leases)
 
     def _one(
-        self, conn: Conn, scratch: list[np.ndarray], leases: dict[int, list[Any]], idle: float, local: bool
+        self, conn: Conn, s: Session, scratch: list[np.ndarray], leases: dict[int, list[Any]], idle: float
     ) -> bool:
-        """Serve one request (`local`: it came on the Unix socket); False when the connection must close."""
+        """Serve one request on the connection of `s`; False when the connection must close."""
+        limit = HEAD_TIMEOUT if s.authed else max(0.01, min(HEAD_TIMEOUT, _auth_left(s)))
         try:
-            raw = conn.read_head_bytes(idle, HEAD_TIMEOUT)
+            raw = conn.read_head_bytes(idle, limit)
         except Closed:
             return False
         except StoreError as e:  # head too large, too slow or cut: framing is lost, answer and close
@@ -261,7 +331,7 @@ class Server:
         head: Head | None = None
         try:
             head = parse_head(raw)
-            req, route = self._request(conn, head, scratch, local)
+            req, route = self._request(conn, head, scratch, s)
             req.leases = leases
             result = route.handler(self, req)
             if result is not None:
@@ -290,19 +360,21 @@ class Server:
             return False
 
     def _request(
-        self, conn: Conn, head: Head, scratch: list[np.ndarray], local: bool = False
+        self, conn: Conn, head: Head, scratch: list[np.ndarray], s: Session
     ) -> tuple[Request, Route]:
-        """The request and its route, refused before any handler runs when its token or body is wrong
-        (`local`: on the Unix socket, whose peer the kernel vouched for, no token is needed)."""
+        """The request and its route, refused before any handler runs when its connection is not
+        authenticated (401 whatever the path, but for the public routes) or its body is wrong."""
         split = urlsplit(head.target)
         query = parse_qs(split.query)
-        req = Request(conn, head.method, {}, query, head.headers, head.length, scratch=scratch)
-        route = self._find(req, split.path)
-        if self.token is not None and not route.public and not local:
-            auth = head.headers.get("authorization", "")
-            if not hmac.compare_digest(auth.encode("latin-1"), f"Bearer {self.token}".encode()):
-                raise AuthError("missing or wrong bearer token")
-        req.trusted = self.token is None or not route.public or local
+        req = Request(conn, head.method, {}, query, head.headers, head.length, scratch=scratch, session=s)
+        try:
+            route: Route | None = self._find(req, split.path)
+        except StoreError:
+            if s.authed:
+                raise
+            route = None  # an unknown path tells nothing before authentication either
+        if route is None or not (route.public or s.authed):
+            raise AuthError(UNPROVEN)
         if route.public and head.length > PUBLIC_BODY:
             raise TooLargeError(f"at most {PUBLIC_BODY} bytes before authenticating")
         if route.body == "none" and head.length:
@@ -336,6 +408,19 @@ def send_error(conn: Conn, e: StoreError, close: bool) -> None:
         headers["Connection"] = "close"
     try:
         conn.send_head(f"HTTP/1.1 {e.status} {REASONS.get(e.status, 'Error')}", headers, body)
+    except OSError:
+        pass
+
+
+def _auth_left(s: Session) -> float:
+    """Seconds the connection of `s` has left to authenticate."""
+    return s.since + AUTH_TIMEOUT - time.monotonic()
+
+
+def _shut(sock: socket.socket) -> None:
+    """End a connection its own thread is serving (that thread sees EOF and closes it)."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
 

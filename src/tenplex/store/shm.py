@@ -16,13 +16,15 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from .errors import MemoryLimitError, StoreError
+from .errors import AuthError, MemoryLimitError, StoreError
+from .protocol import trusted_uid
 from .slab import Slab
 from .tmpfs import StoreMemory, open_memory, round_up
 
@@ -56,11 +58,20 @@ def host_id() -> str:
 def map_file(path: str, nbytes: int, writable: bool, populate: bool = True) -> mmap.mmap | bytearray:
     """Map a blob file; pages are pre-faulted (MAP_POPULATE) because faulting 4 KiB at a time costs as
     much as the copy itself (a slab is mapped whole and only its blobs' ranges populated, see `populate`).
-    Empty blobs have no mapping."""
+    Empty blobs have no mapping. Only a regular file of this user or root is mapped, never through a
+    symlink: a client maps what a store told it, and the store must not be able to point it elsewhere."""
     if nbytes == 0:
         return bytearray()
-    fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
     try:
+        fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_NOFOLLOW)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise AuthError(f"{path} is a symlink: not mapped") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or not trusted_uid(st.st_uid):
+            raise AuthError(f"{path} is not a regular file of this user or root: not mapped")
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
         return mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | (_POPULATE if populate else 0), prot=prot)
     finally:

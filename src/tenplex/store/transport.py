@@ -3,7 +3,9 @@ the daemon's JSON errors mapped back to the `StoreError` class it raised.
 
 A client of a store on this host (one it shares memory with) sends its requests over the store's Unix
 socket when there is one, after checking with SO_PEERCRED that the process serving it is this user or root;
-TCP (with the token) otherwise, or when that check fails.
+TCP otherwise, or when that check fails. Each new TCP connection first passes the handshake of `auth` (the
+store proves it holds the token before this side proves the same; the token never travels), and is then
+pooled and reused like any other.
 
 Every store request is idempotent, so a request whose connection fails is retried; a response body is
 either JSON or read by the caller's `reader` straight into its memory (`into`).
@@ -13,32 +15,41 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import numpy as np
 
 from ..ptc import ITEM_SIZE, Box
-from ..util import env, logs, read_token
+from ..util import env, logs
+from .auth import HANDSHAKE_TIMEOUT, handshake, token_file
 from .boxio import as_bytes
 from .checksum import cuts, digest
 from .errors import (
     AuthError,
-    BadRequestError,
     ChecksumError,
     StoreError,
     StoreUnavailable,
     error_from_payload,
 )
 from .keys import check_out
-from .protocol import Closed, Conn, connect, connect_unix, content_length, json_body
+from .protocol import (
+    DEFAULT_PORT,
+    Closed,
+    Conn,
+    connect,
+    connect_unix,
+    content_length,
+    json_body,
+    parse_url,
+    trusted_uid,
+)
 from .shm import host_id
 
-DEFAULT_PORT = 7311
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
 PREAMBLE = struct.Struct("<Q")  # length of the JSON part description that precedes raw read bodies
 T = TypeVar("T")
@@ -52,26 +63,24 @@ def default_url() -> str:
 
 def default_token() -> str | None:
     """The token a client sends when given none: `TENPLEX_STORE_TOKEN`, else this user's token file (the one
-    a store writes on its first start), else none."""
+    a store writes on its first start, AuthError when that file is not safe to trust), else none."""
     token = env.get(env.STORE_TOKEN)
     if token:
         return token
+    return token_file(None)
+
+
+def owned_dir(path: str) -> bool:
+    """Whether `path` is a directory (not a symlink) of this user or root: what a same-host store reports
+    as its blob directory is used only then (another user could have answered on the store's port)."""
     try:
-        return read_token(None, create=False)
+        st = os.lstat(path)
     except (OSError, ValueError):
-        return None
-
-
-def parse_url(url: str) -> tuple[str, int]:
-    """(host, port) of a store URL `http://HOST:PORT`; BadRequestError for anything else."""
-    parts = urlsplit(url)
-    try:
-        port = parts.port or DEFAULT_PORT
-    except ValueError:
-        port = -1
-    if parts.scheme != "http" or not parts.hostname or parts.path not in ("", "/") or port < 0:
-        raise BadRequestError(f"store URL must look like http://HOST:PORT, got {url!r}")
-    return parts.hostname, port
+        return False
+    if not stat.S_ISDIR(st.st_mode) or not trusted_uid(st.st_uid):
+        log.warning("not using %s as a store's blob directory: not a directory of this user or root", path)
+        return False
+    return True
 
 
 class Transport:
@@ -85,15 +94,11 @@ class Transport:
         local: bool | None = None,
         timeout: float = 120.0,
         retries: int = 3,
-        on_connect: Callable[[Conn], None] | None = None,
     ) -> None:
-        """`on_connect`: run on every new connection before it carries a request (a peer store proves
-        itself there, `peers.prove`); what it raises is raised, and the connection is closed."""
         self.url = (url or default_url()).rstrip("/")
         self.host, self.port = parse_url(self.url)
         self.token = token if token is not None else default_token()
         self.timeout, self.retries = timeout, retries
-        self.on_connect = on_connect
         self._local = local
         self.use_unix = local is not False  # a client told the store is remote (local=False) stays on TCP
         self._unix: str | None = None  # the store's Unix socket once known ("" for none / not trusted)
@@ -111,8 +116,9 @@ class Transport:
         return bool(self._local)
 
     def _probe(self, conn: Conn | None = None) -> None:
-        """Ask the store (over TCP, no token needed; on `conn`, tried once, when given) where it runs:
-        shared memory and its Unix socket, if on this host."""
+        """Ask the store (over TCP, on a proven connection when there is a token; on `conn`, tried once,
+        when given) where it runs: shared memory and its Unix socket, if on this host. What it says is
+        checked before it is used (`owned_dir`; the socket's server uid at each connect)."""
         self._unix = ""  # the probe itself goes over TCP
         held: list[Conn] = []  # its connection is not pooled: the next request may go by the socket
         try:
@@ -125,7 +131,7 @@ class Transport:
                 c.close()
         here = h.get("host_id") == host_id()
         if self._local is None:
-            self._local = here and os.path.isdir(str(h.get("shm_dir")))
+            self._local = here and owned_dir(str(h.get("shm_dir")))
         path = str(h.get("unix") or "")
         self._unix = path if here and self.use_unix and os.path.exists(path) else ""
 
@@ -141,19 +147,12 @@ class Transport:
             if conn.pending or conn.open():
                 return conn
             conn.close()  # the store closed it while it was idle (its idle timeout, a restart)
-        conn = self._new_conn()
-        if self.on_connect is not None:
-            try:
-                self.on_connect(conn)
-            except BaseException:
-                conn.close()
-                raise
-        return conn
+        return self._new_conn()
 
     def _new_conn(self) -> Conn:
         if self.use_unix:
             if self._unix is None:
-                self._probe(connect(self.host, self.port, self.timeout))
+                self._probe(self._tcp())
             if self._unix:
                 try:
                     return connect_unix(self._unix, self.timeout)
@@ -162,7 +161,19 @@ class Transport:
                     self._unix = ""
                 except StoreUnavailable:  # gone (the store restarted?): TCP this time, ask again next time
                     self._unix = None
-        return connect(self.host, self.port, self.timeout)
+        return self._tcp()
+
+    def _tcp(self) -> Conn:
+        """A new TCP connection, authenticated by the handshake when there is a token (a client without
+        one is answered 401 on it, but for the public routes)."""
+        conn = connect(self.host, self.port, self.timeout)
+        if self.token:
+            try:
+                handshake(conn, self.url, self.token, min(self.timeout, HANDSHAKE_TIMEOUT))
+            except BaseException:
+                conn.close()
+                raise
+        return conn
 
     @staticmethod
     def _settle(conn: Conn) -> None:
@@ -184,8 +195,6 @@ class Transport:
         data = json_body(payload)
         headers = {"Host": f"{self.host}:{self.port}", "Content-Length": str(len(data)),
                    "Content-Type": "application/json"}  # fmt: skip
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
         try:
             conn.send_head(f"{method} {path} HTTP/1.1", headers, data)
         except OSError:
@@ -224,8 +233,6 @@ class Transport:
         headers = {"Host": f"{self.host}:{self.port}", "Content-Length": str(length)}
         if payload is not None:
             headers["Content-Type"] = "application/json"
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
         start = f"{method} {path} HTTP/1.1"
         given, retries = conn, 0 if conn is not None else self.retries
         for attempt in range(retries + 1):

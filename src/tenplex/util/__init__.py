@@ -7,10 +7,11 @@ from .format import human_bytes, print_table
 from .logs import logger
 from .net import free_port
 from .sizes import SizeError, parse_size
-from .tokens import default_token_path, read_token, token_from_file
+from .tokens import TokenFileError, default_token_path, read_token, token_from_file
 
 __all__ = [
     "SizeError",
+    "TokenFileError",
     "default_token_path",
     "free_port",
     "human_bytes",

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 SPEC = "TENPLEX_WORKER_SPEC"  # path of the phase's worker spec file
 JOB = "TENPLEX_JOB"  # the job's name
 STORE = "TENPLEX_STORE"  # this rank's store (its host's), a URL
-STORE_TOKEN = "TENPLEX_STORE_TOKEN"  # the bearer token clients send (default: this user's token file)
+STORE_TOKEN = "TENPLEX_STORE_TOKEN"  # the token clients prove they hold (default: this user's token file)
 DEVICE = "TENPLEX_DEVICE"  # this rank's stable device id
 SOURCES = "TENPLEX_SOURCES"  # every store a snapshot may be in, comma-separated
 EMULATED_HOSTS = "TENPLEX_EMULATED_HOSTS"  # "1": other emulated hosts' stores are reached over sockets

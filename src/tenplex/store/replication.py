@@ -109,7 +109,7 @@ class Replicator:
         own = held or []
         try:
             if held is None:
-                raise _Cancelled(push.targets[0])
+                raise _Cancelled(None)  # deleted before its push began: nothing was sent
             self._push(push, own)
             v.replication = "done"
         except _Failed as e:
@@ -153,9 +153,9 @@ class Replicator:
         if not info.get("committed") or info.get("save_id") != v.save_id:
             raise StoreError(f"{peer} did not commit the copy of save {v.save_id}: {info}")
 
-    def _undo(self, push: _Push, peer: str) -> None:
+    def _undo(self, push: _Push, peer: str | None) -> None:
         """Delete the partial copy a push left on `peer` (best effort: a peer that is gone holds none)."""
-        if push.v.save_id is None:
+        if peer is None or push.v.save_id is None:
             return
         try:
             self.connect(peer).delete_copy(push.job, push.step, self.url, push.v.save_id)
@@ -177,10 +177,14 @@ class Replicator:
 
 
 class _Cancelled(Exception):
-    def __init__(self, peer: str) -> None:
+    """A push stopped for a newer save or a delete, at `peer` (None: before it began)."""
+
+    def __init__(self, peer: str | None) -> None:
         super().__init__(peer)
         self.peer = peer
 
 
 class _Failed(_Cancelled):
     """A push to `peer` failed (the cause is chained); caught before `_Cancelled`."""
+
+    peer: str

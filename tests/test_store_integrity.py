@@ -117,7 +117,8 @@ def test_replica_writes_never_touch_primaries_nor_committed_copies(store):
     with pytest.raises(ConflictError, match="committed"):  # no blob joins a committed copy
         c.put_raw(job, 1, "r0/x", "float32", (8,), [memoryview(copy).cast("B")],
                   chunk_digests(memoryview(copy)), replica_of=peer, save_id="s")  # fmt: skip
-    base = f"/v1/jobs/{job}/versions/2/blobs/r0%2Fw?dtype=float32&shape=8&replica_of=x"
+    c.create_version(job, 2, save_id="s2", replica_of="x")  # a copy is opened by its push, never by a PUT
+    base = f"/v1/jobs/{job}/versions/2/blobs/r0%2Fw?dtype=float32&shape=8&replica_of=x&save_id=s2"
     body = [memoryview(copy).cast("B")]
     with pytest.raises(BadRequestError, match="digest"):  # a replica must say what its sender hashed
         c.request("PUT", base, body=body)
@@ -399,11 +400,11 @@ def test_a_second_push_of_a_step_follows_the_first_and_is_waited_for():
         c = d.client(local=True)
         big = np.ones(24 << 20, np.uint8)
         c.create_version("push", 5, save_id="A")
-        c.write_blob("push", 5, "r0/w", big)
+        c.write_blob("push", 5, "r0/w", big, save_id="A")
         c.commit("push", 5, {"save_id": "A"})  # its push starts in the background
         c.delete_version("push", 5)
         c.create_version("push", 5, save_id="B")
-        c.write_blob("push", 5, "r0/w", big[: 1 << 20] * 2)
+        c.write_blob("push", 5, "r0/w", big[: 1 << 20] * 2, save_id="B")
         info = c.commit("push", 5, {"save_id": "B"}, wait_replicas=True)
         assert info["replication"] == "done", info
         assert r.client().save_ids("push") == {5: "B"}

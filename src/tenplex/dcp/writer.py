@@ -151,7 +151,7 @@ class StoreWriter(StorageWriter):
             client(url).commit(self.job, self.step, manifest, wait_replicas=True, blobs=blobs[url])
         if self.keep is not None:  # only once committed everywhere
             for url in stores:
-                client(url).retain(self.job, self.keep)
+                client(url).retain(self.job, self.keep, protect=(self.step, self.save_id))
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:

@@ -258,7 +258,7 @@ class ElasticJob:
         if self.rank == 0:
             for url in dict.fromkeys([resolve(self.store), *(self.sources or [])]):
                 try:
-                    client(url).retain(self.name, 1)
+                    client(url).retain(self.name, 1, protect=None if self.saved < 0 else (self.saved, None))
                 except StoreError:  # a store without the job, or gone
                     pass
         dist.barrier()

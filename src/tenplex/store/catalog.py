@@ -10,13 +10,20 @@ Integrity rules (see docs/store.md, "Integrity guarantees"):
 - a blob is reference-counted while a request serves it: a deleted blob's file goes back to the pool only
   when the last holder releases it, so a reused file can never be overwritten under a reader;
 - a write lands only in the very version it was started for: if that version was deleted, replaced or
-  committed meanwhile, the bytes are dropped and the writer gets an error.
+  committed meanwhile, the bytes are dropped and the writer gets an error;
+- every write names its save: a write of another save is refused, and a deleted save is remembered
+  (a tombstone) so that a late write or push of it never recreates it;
+- retention goes by commit order, never step number, and never deletes the newest complete save
+  (see `retain` and docs/consistency-retain.md).
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
+import uuid
+from collections import OrderedDict
 from collections.abc import Iterable
 from math import prod
 from typing import Any
@@ -28,6 +35,9 @@ from .versions import ANY, Blob, Slot, Version, check_save_id
 
 __all__ = ["ANY", "Blob", "Catalog", "Slot", "Version", "check_save_id"]
 
+TOMBSTONES = 1 << 16  # deleted saves remembered: a write of one arriving later is refused
+Protect = tuple[int, str | None]  # (step, save id or None for whichever this store committed)
+
 
 class Catalog:
     """Jobs, steps, saves, blobs and the memory they take; every method is thread-safe."""
@@ -38,6 +48,8 @@ class Catalog:
         self.used = 0
         self.lock = threading.RLock()
         self.jobs: dict[str, dict[int, Slot]] = {}
+        self._clock = itertools.count(1)  # orders opens and commits (retention goes by it)
+        self._gone: OrderedDict[tuple[str, int, str | None, str], None] = OrderedDict()
 
     # ---- memory
 
@@ -175,6 +187,7 @@ class Catalog:
         the copy of an older one (a peer pushes its saves of a step in order)."""
         gone: list[Version] = []
         with self.lock:
+            self._refuse_deleted(job, step, save_id, replica_of)
             slot = self.jobs.setdefault(job, {}).setdefault(step, Slot())
             cur = slot.own if replica_of is None else slot.copies.get(replica_of)
             if cur is not None and cur.save_id is None and not cur.committed and save_id is not None:
@@ -188,32 +201,34 @@ class Catalog:
                 gone.append(cur)
                 cur = None
             if cur is None:
-                cur = Version(step, save_id, replica_of)
+                cur = Version(step, save_id, replica_of, born=next(self._clock))
                 if replica_of is None:
                     slot.own = cur
                 else:
                     slot.copies[replica_of] = cur
             for v in gone:
-                v.live = False
-        for v in gone:
-            for b in v.blobs.values():
-                self.drop(b)
+                self._bury(job, v)
+        self._drop_all(gone)
         return cur
 
     def writable(
         self, job: str, step: int, save_id: str | None = None, replica_of: str | None = None
     ) -> Version:
-        """The open version a new blob goes into (created if absent); ConflictError if it is committed or
-        belongs to another save."""
+        """The open version a new blob goes into (an own one created if absent); ConflictError if it is
+        committed, belongs to another save (a write without a save id included) or was deleted. A copy is
+        never created by a blob: its push opens it first, so a push racing a delete ends refused."""
         with self.lock:
+            self._refuse_deleted(job, step, save_id, replica_of)
             slot = self.jobs.get(job, {}).get(step)
             cur = None if slot is None else slot.own if replica_of is None else slot.copies.get(replica_of)
+            what = f"version {step} of job {job!r}" + (f" (copy of {replica_of})" if replica_of else "")
+            if cur is None and replica_of is not None:
+                raise ConflictError(f"{what} is not open: its push opens it first (deleted meanwhile?)")
             if cur is None:
                 return self.create_version(job, step, save_id, replica_of)
-            what = f"version {step} of job {job!r}" + (f" (copy of {replica_of})" if replica_of else "")
             if cur.committed:
                 raise ConflictError(f"{what} is committed and cannot change")
-            if save_id is not None and cur.save_id not in (None, save_id):
+            if cur.save_id is not None and save_id != cur.save_id:
                 raise ConflictError(f"{what} belongs to save {cur.save_id}, not {save_id}")
             if save_id is not None:
                 cur.save_id = save_id
@@ -235,11 +250,17 @@ class Catalog:
         if old is not None:
             self.drop(old)
 
-    def pending_blob(self, job: str, step: int, name: str) -> Blob:
+    def pending_blob(self, job: str, step: int, name: str, save_id: str | None = None) -> Blob:
+        """The open blob a seal of save `save_id` names; ConflictError if the open version is another
+        save's (a stale writer of an abandoned save must not seal a new save's blob)."""
         with self.lock:
             own = self.slot(job, step).own
             if own is None or own.committed:
                 raise ConflictError(f"version {step} of job {job!r} has no open blob {name!r} to seal")
+            if own.save_id is not None and save_id != own.save_id:
+                raise ConflictError(
+                    f"blob {name!r} of version {step} belongs to save {own.save_id}, not {save_id}"
+                )
             b = own.blobs.get(name)
         if b is None:
             raise NotFoundError(f"version {step} of job {job!r} has no blob {name!r} to seal")
@@ -280,8 +301,8 @@ class Catalog:
                 raise ConflictError(f"cannot commit {what}: blobs not sealed: {unsealed[:5]}")
             stale = [v.blobs.pop(n) for n in set(v.blobs) - set(wanted)]
             v.manifest, v.committed, v.committed_at = manifest, True, time.monotonic()
-            if save_id is not None:
-                v.save_id = save_id
+            v.order = next(self._clock)
+            v.save_id = save_id or v.save_id or f"unnamed-{uuid.uuid4().hex}"  # every read can name it
         for b in stale:
             self.drop(b)
         return v, True
@@ -289,15 +310,22 @@ class Catalog:
     def delete_version(self, job: str, step: int) -> None:
         """Delete a step: this store's own save of it and every copy of it."""
         with self.lock:
-            slot = self.slot(job, step)
-            del self.jobs[job][step]
-            if not self.jobs[job]:
-                del self.jobs[job]
-            for v in slot.versions():
-                v.live = False
-        for v in slot.versions():
-            for b in v.blobs.values():
-                self.drop(b)
+            gone = self.slot(job, step).versions()
+            self._unlink(job, step, gone)
+        self._drop_all(gone)
+
+    def delete_copy(self, job: str, step: int, origin: str, save_id: str) -> bool:
+        """Delete `origin`'s copy of save `save_id` (a push that failed or was cancelled), and refuse any
+        later write of it; False when this store holds no such copy."""
+        with self.lock:
+            slot = self.jobs.get(job, {}).get(step)
+            v = None if slot is None else slot.copies.get(origin)
+            self._gone[(job, step, origin, save_id)] = None
+            if v is None or v.save_id != save_id:
+                return False
+            self._unlink(job, step, [v])
+        self._drop_all([v])
+        return True
 
     def delete_job(self, job: str) -> None:
         with self.lock:
@@ -310,23 +338,58 @@ class Catalog:
             except NotFoundError:
                 pass
 
-    def retain(self, job: str, keep: int) -> list[int]:
-        """Keep the `keep` newest committed versions; also drop uncommitted ones older than those kept."""
+    def retain(
+        self, job: str, keep: int, protect: Protect | None = None, origin: str | None = None
+    ) -> list[int]:
+        """Apply `keep` to this store's own saves of `job` (or, with `origin`, to that peer's copies here);
+        returns the steps whose version was deleted. See `_doomed` for the rule."""
         if type(keep) is not int or keep < 1:
             raise BadRequestError(f"keep must be a positive integer, got {keep!r}")
         with self.lock:
             if job not in self.jobs:
                 raise NotFoundError(f"unknown job {job!r}")
-            committed = sorted(s for s, slot in self.jobs[job].items() if slot.readable())
-            kept = committed[-keep:]
-            floor = kept[0] if kept else -1
-            doomed = [s for s in self.jobs[job] if s < floor or (s in committed and s not in kept)]
-        for s in doomed:
-            try:
-                self.delete_version(job, s)
-            except NotFoundError:
-                pass
-        return sorted(doomed)
+            lineage = {
+                s: slot.own if origin is None else slot.copies.get(origin)
+                for s, slot in self.jobs[job].items()
+            }
+            doomed = _doomed({s: v for s, v in lineage.items() if v is not None}, keep, protect)
+            for s, v in doomed:
+                self._unlink(job, s, [v])
+        self._drop_all(v for _, v in doomed)
+        return sorted(s for s, _ in doomed)
+
+    def _unlink(self, job: str, step: int, versions: list[Version]) -> None:
+        """Take `versions` out of their slot (under the lock; their blobs are dropped after it)."""
+        slot = self.jobs[job][step]
+        for v in versions:
+            if slot.own is v:
+                slot.own = None
+            slot.copies = {o: c for o, c in slot.copies.items() if c is not v}
+            self._bury(job, v)
+        if not slot.versions():
+            del self.jobs[job][step]
+            if not self.jobs[job]:
+                del self.jobs[job]
+
+    def _bury(self, job: str, v: Version) -> None:
+        """Mark `v` gone (under the lock): writes started for it fail, and its save is never reopened."""
+        v.live = False
+        if v.save_id is not None:
+            self._gone[(job, v.step, v.replica_of, v.save_id)] = None
+            while len(self._gone) > TOMBSTONES:
+                self._gone.popitem(last=False)
+
+    def _refuse_deleted(self, job: str, step: int, save_id: str | None, replica_of: str | None) -> None:
+        if save_id is not None and (job, step, replica_of, save_id) in self._gone:
+            what = f"copy of {replica_of}" if replica_of else "version"
+            raise ConflictError(
+                f"save {save_id} ({what} {step} of job {job!r}) was deleted here; not recreated"
+            )
+
+    def _drop_all(self, versions: Iterable[Version]) -> None:
+        for v in versions:
+            for b in v.blobs.values():
+                self.drop(b)
 
     def close(self) -> None:
         with self.lock:
@@ -337,3 +400,28 @@ class Catalog:
                             b.release()
             self.jobs.clear()
             self.used = 0
+
+
+def _doomed(lineage: dict[int, Version], keep: int, protect: Protect | None) -> list[tuple[int, Version]]:
+    """Which versions of one lineage (a store's own saves, or one peer's copies) `retain` deletes.
+
+    Kept: the anchor — the protected save (which the saver calls only once it committed on every store,
+    so it is complete: marked so) or, without one, the newest commit — the newest `keep - 1` other commits
+    by commit order, and the newest save ever marked complete. Steps are never compared: a rolled-back
+    step commits after a larger one and is the newer. Uncommitted versions opened before the anchor are
+    abandoned attempts and go; one opened after it may be a save in progress and stays."""
+    done = sorted((v for v in lineage.values() if v.committed), key=lambda v: v.order)
+    anchor = None
+    if protect is not None:
+        v = lineage.get(protect[0])
+        if v is not None and v.committed and protect[1] in (None, v.save_id):
+            anchor = v
+            v.complete = True
+    if anchor is None and done:
+        anchor = done[-1]
+    if anchor is None:
+        return []
+    others = [v for v in done if v is not anchor]
+    kept = {id(v) for v in [anchor, *others[len(others) - keep + 1 :], *[v for v in done if v.complete][-1:]]}
+    return [(s, v) for s, v in lineage.items()
+            if (v.committed and id(v) not in kept) or (not v.committed and v.born < anchor.born)]  # fmt: skip

@@ -179,9 +179,37 @@ class StoreClient(DatasetClient):
     def delete_job(self, job: str) -> None:
         self.request("DELETE", f"/v1/jobs/{check_job(job)}")
 
-    def retain(self, job: str, keep: int) -> list[int]:
-        """Keep the `keep` newest committed versions of `job`; returns the deleted steps."""
-        return self.request("POST", f"/v1/jobs/{check_job(job)}/retain", {"keep": keep})["deleted"]
+    def retain(
+        self,
+        job: str,
+        keep: int,
+        protect: tuple[int, str | None] | None = None,
+        replica_of: str | None = None,
+    ) -> list[int]:
+        """Keep the `keep` newest committed saves of `job` by commit order, and always `protect` (step,
+        save id): the save just committed on every store; the store applies the same to its copies on its
+        replication targets. `replica_of`: only that store's copies here. Returns the deleted steps."""
+        return self.retain_info(job, keep, protect, replica_of)["deleted"]
+
+    def retain_info(
+        self,
+        job: str,
+        keep: int,
+        protect: tuple[int, str | None] | None = None,
+        replica_of: str | None = None,
+    ) -> dict[str, Any]:
+        """`retain`, answering `{deleted, replicas: {target URL: "ok" or "failed: ..."}}`."""
+        payload = {
+            "keep": keep,
+            "protect": None if protect is None else list(protect),
+            "replica_of": replica_of,
+        }
+        return self.request("POST", f"/v1/jobs/{check_job(job)}/retain", payload)
+
+    def delete_copy(self, job: str, step: int, replica_of: str, save_id: str) -> bool:
+        """Delete `replica_of`'s copy of save `save_id` here (a partial push); it is never recreated."""
+        q = f"?replica_of={quote(replica_of, safe='')}" + self._save_q(save_id, "&")
+        return self.request("DELETE", self._vpath(job, step) + q)["deleted"] is not None
 
     def set_peers(self, peers: Sequence[str], replicas: int) -> list[str]:
         """Configure the store's replication ring; returns the peers it will copy committed versions to."""
@@ -204,7 +232,7 @@ class StoreClient(DatasetClient):
         src = array if array.flags.c_contiguous else array.copy(order="C")
         if self.is_local:
             dst = self.allocate_blob(job, step, name, dt, src.shape, save_id)
-            self._seal(job, step, name, copy_hashed(as_bytes(src), as_bytes(dst)))
+            self._seal(job, step, name, copy_hashed(as_bytes(src), as_bytes(dst)), save_id)
             return
         pieces = chunks(as_bytes(src))
         self.put_raw(job, step, name, dt, src.shape, pieces, [digest(p) for p in pieces], save_id=save_id)
@@ -236,7 +264,7 @@ class StoreClient(DatasetClient):
             for spec, info, src in zip(specs, infos, srcs, strict=True):
                 dst = self._map(info, writable=True)
                 sealed.append({"name": spec["name"], "digests": copy_hashed(as_bytes(src), dst)})
-            self.request("POST", f"{self._vpath(job, step)}/seal", {"blobs": sealed})
+            self.request("POST", f"{self._vpath(job, step)}/seal", {"blobs": sealed, "save_id": save_id})
 
     def put_raw(
         self,
@@ -274,19 +302,20 @@ class StoreClient(DatasetClient):
         mem = self._map(info, writable=True)
         arr = np.frombuffer(mem, dtype=NUMPY_DTYPE[dtype]).reshape(tuple(shape))
         with self._lock:
-            self._allocated[(job, step, name)] = arr
+            self._allocated[(job, step, name)] = (arr, save_id)
         return arr
 
     def seal_blob(self, job: str, step: int, name: str) -> None:
-        """Declare an allocated blob fully written: its checksums are taken now."""
+        """Declare an allocated blob fully written: its checksums are taken now (sealed as the save it was
+        allocated for: the store refuses it if that save's version was replaced meanwhile)."""
         with self._lock:
-            arr = self._allocated.get((job, step, name))
+            arr, save_id = self._allocated.get((job, step, name), (None, None))
         if arr is None:
             raise NotFoundError(f"blob {name!r} was not allocated by this client")
-        self._seal(job, step, name, chunk_digests(as_bytes(arr)))
+        self._seal(job, step, name, chunk_digests(as_bytes(arr)), save_id)
 
-    def _seal(self, job: str, step: int, name: str, digests: list[int]) -> None:
-        self.request("POST", f"{self._bpath(job, step, name)}/seal", {"digests": digests})
+    def _seal(self, job: str, step: int, name: str, digests: list[int], save_id: str | None = None) -> None:
+        self.request("POST", f"{self._bpath(job, step, name)}/seal", {"digests": digests, "save_id": save_id})
         with self._lock:
             self._allocated.pop((job, step, name), None)
 

@@ -5,8 +5,10 @@ A request names many boxes; the missing ones are fetched from the peer in batche
 proven connection (a round trip and a peer proof per box cost more than a small box's bytes). Concurrent
 requests for the same piece wait for the first fetch (single flight). Cached pieces count
 against the memory limit and stay until the local version (job, step) is deleted or dropped explicitly.
-A piece is keyed by the save it was read from (`save_id`): a request for one save is never answered with
-another's bytes; the fetch itself is a checked network read (trailer checksums) of that save.
+A piece is keyed by the save it was read from (`save_id`; a request without one is pinned to the save the
+peer shows): a request for one save is never answered with another's bytes; the fetch itself is a checked
+network read (trailer checksums) of that save. A piece whose job was dropped while it was being fetched
+serves its request only and is never cached (it would outlive the drop).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from .client import StoreClient, read_many
 from .errors import BadRequestError, NotFoundError
 from .keys import check_box, check_job, check_name, check_step
 
-Key = tuple[str, str, int, str, str, str | None]
+Key = tuple[str, str, int, str, str, str]  # peer, job, step, blob, box, save id
 MAX_RELAY = 4096  # boxes in one relay request
 FETCHES = 4  # network reads in flight for one relay request
 
@@ -37,14 +39,16 @@ class RelayCache:
         self._pending: dict[Key, threading.Event] = {}
         self._listings: dict[tuple[str, str, int, str], dict[str, dict]] = {}  # a peer's blobs of a save
         self._listing_locks: dict[tuple[str, str, int, str], threading.Lock] = {}
+        self._drops: dict[str, int] = {}  # drops of each job's pieces: a fetch that saw one is not cached
         self._lock = threading.Lock()
 
     def get(self, body: dict[str, Any]) -> list[Blob]:
-        """The cached pieces a relay request body names (`boxes`: [{name, box}], box null: the whole blob),
-        in its order; the missing ones are fetched from the peer together, over one connection."""
+        """The pieces a relay request body names (`boxes`: [{name, box}], box null: the whole blob), in its
+        order, each held (`release` them once served); the missing ones are fetched from the peer together,
+        over one connection. Without a `save_id` the request is pinned to the save the peer shows now."""
         peer, job = str(body.get("peer")), check_job(body.get("job"))
         step, save_id = check_step(body.get("step")), body.get("save_id")
-        save_id = None if save_id is None else check_save_id(save_id)
+        save_id = self._pin(peer, job, step) if save_id is None else check_save_id(save_id)
         items = body.get("boxes")
         if not isinstance(items, list) or not items or len(items) > MAX_RELAY:
             raise BadRequestError(f'expected "boxes": [{{"name": ..., "box": ...}}, ...] (1 to {MAX_RELAY})')
@@ -56,39 +60,73 @@ class RelayCache:
             box = i.get("box")
             order.append((peer, job, step, check_name(i.get("name")), json.dumps(box), save_id))
             wanted[order[-1]] = box
-        keys = list(wanted)
-        got: dict[Key, Blob] = {}
-        while len(got) < len(keys):
-            mine: dict[Key, threading.Event] = {}
-            others: list[threading.Event] = []
-            with self._lock:
-                for k in keys:
-                    if k in got:
-                        continue
-                    if k in self.blobs:
-                        got[k] = self.blobs[k]
-                    elif k in self._pending:
-                        others.append(self._pending[k])
-                    else:
-                        mine[k] = self._pending[k] = threading.Event()
-            try:
-                if mine:
-                    fetched = self._fetch(peer, job, step, save_id, [(k[3], wanted[k]) for k in mine])
-                    with self._lock:
-                        self.blobs.update(zip(mine, fetched))
-                    got.update(zip(mine, fetched))
-            finally:
-                with self._lock:
-                    for k in mine:
-                        self._pending.pop(k, None)
-                for event in mine.values():
-                    event.set()
-            for event in others:  # another request fetches these: use its pieces, or fetch them if it failed
-                event.wait(600)
+        got: dict[Key, Blob] = {}  # each held once; once more for each further entry naming it
+        try:
+            while len(got) < len(wanted):
+                self._round(peer, job, step, save_id, wanted, got)
+        except BaseException:
+            self.catalog.release(got.values())
+            raise
+        seen: set[Key] = set()
+        with self.catalog.lock:
+            for k in order:
+                if k in seen:
+                    got[k].refs += 1
+                seen.add(k)
         return [got[k] for k in order]
 
+    def _round(self, peer: str, job: str, step: int, save_id: str, wanted: dict[Key, Any], got: dict) -> None:
+        """Hold the cached pieces, fetch the missing ones no other request is fetching, and wait for those
+        (used if that fetch cached them, else fetched in the next round)."""
+        mine: dict[Key, threading.Event] = {}
+        others: list[threading.Event] = []
+        with self._lock:
+            drops = self._drops.get(job, 0)
+            for k in wanted:
+                if k in got:
+                    continue
+                if k in self.blobs:
+                    got[k] = self.catalog.hold(self.blobs[k])
+                elif k in self._pending:
+                    others.append(self._pending[k])
+                else:
+                    mine[k] = self._pending[k] = threading.Event()
+        try:
+            if mine:
+                fetched = self._fetch(peer, job, step, save_id, [(k[3], wanted[k]) for k in mine])
+                self._insert(job, drops, dict(zip(mine, fetched)), got)
+        finally:
+            with self._lock:
+                for k in mine:
+                    self._pending.pop(k, None)
+            for event in mine.values():
+                event.set()
+        for event in others:
+            event.wait(600)
+
+    def _insert(self, job: str, drops: int, fetched: dict[Key, Blob], got: dict[Key, Blob]) -> None:
+        """Hold fetched pieces for this request and cache them, unless the job's pieces were dropped while
+        they were on the way (a `drop_relay`, a delete): then they serve this request only and are freed
+        with its last holder, never left in the cache."""
+        with self._lock:
+            for k, b in fetched.items():
+                got[k] = self.catalog.hold(b)
+            stale = self._drops.get(job, 0) != drops
+            if not stale:
+                self.blobs.update(fetched)
+        if stale:
+            for b in fetched.values():
+                self.catalog.drop(b)
+
+    def _pin(self, peer: str, job: str, step: int) -> str:
+        """The save `peer` shows for (job, step) now: a request without a save id is served from it only."""
+        found = self.connect(peer).request("GET", f"/v1/jobs/{job}/versions/{step}/manifest")
+        if found.get("save_id") is None:
+            raise BadRequestError(f"relay of {job}@{step}: the peer's version has no save id; name one")
+        return check_save_id(found["save_id"])
+
     def _fetch(
-        self, peer: str, job: str, step: int, save_id: str | None, items: list[tuple[str, Any]]
+        self, peer: str, job: str, step: int, save_id: str, items: list[tuple[str, Any]]
     ) -> list[Blob]:
         c = self.connect(peer)  # kept per peer: each new connection of it is proven before use
         made: list[Blob] = []
@@ -119,13 +157,11 @@ class RelayCache:
         return made
 
     def _listing(
-        self, c: StoreClient, peer: str, job: str, step: int, save_id: str | None, names: list[str]
+        self, c: StoreClient, peer: str, job: str, step: int, save_id: str, names: list[str]
     ) -> dict[str, dict]:
         """The peer's blobs of the version by name, asked once per save: the blobs of a save never change
         (a later save of the step has another id), and a listing that lacks a name is asked again. A
         listing only says what to allocate; the read itself is of that save and checked."""
-        if save_id is None:
-            return {i["name"]: i for i in c.blobs(job, step, save_id)}
         key = (peer, job, step, save_id)
         with self._lock:  # fetches of one save that start together wait for one listing (single flight)
             one = self._listing_locks.setdefault(key, threading.Lock())
@@ -145,6 +181,7 @@ class RelayCache:
             return key[1] == job and (step is None or key[2] == step)
 
         with self._lock:
+            self._drops[job] = self._drops.get(job, 0) + 1
             gone = [self.blobs.pop(k) for k in [k for k in self.blobs if of(k)]]
             for k in [k for k in self._listing_locks if of(k)]:
                 self._listings.pop(k, None)

@@ -6,6 +6,11 @@ each peer refuses a blob whose chunk checksums differ from the sender's. A copy 
 newer save's push cancels and follows the older one), so a peer never ends with an older save's copy. The
 blobs are held while they are sent, so deleting the version meanwhile cannot hand their files to another
 blob. The blob listing records every store that holds a copy, so the state of a lost host can be found.
+
+A copy is committed naming its blobs, so a peer that lost blobs of it meanwhile refuses it; a push that
+failed or was cancelled deletes its partial copy on the peer (which then refuses any later write of that
+save) and leaves `replication` as `failed: …`/`cancelled: …`, never `done`. `retain` reaches the copies
+of this store's saves on its targets (`Replicator.retain`), so copies obey the primary's retention.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from ..util import logs
 from .catalog import Catalog, Version
 from .checksum import chunks
 from .client import StoreClient
-from .errors import StoreError
+from .errors import NotFoundError, StoreError
 from .transport import parse_url
 
 log = logs.get("store")
@@ -104,14 +109,16 @@ class Replicator:
         own = held or []
         try:
             if held is None:
-                raise _Cancelled
+                raise _Cancelled(None)  # deleted before its push began: nothing was sent
             self._push(push, own)
             v.replication = "done"
-        except _Cancelled:
+        except _Failed as e:
+            v.replication = f"failed: {e.peer}: {e.__cause__}"
+            log.warning("replication of %s@%d to %s failed: %s", push.job, push.step, e.peer, e.__cause__)
+            self._undo(push, e.peer)
+        except _Cancelled as e:
             v.replication = "cancelled: the version was deleted or saved again"
-        except (StoreError, OSError, ValueError) as e:
-            v.replication = f"failed: {e}"
-            log.warning("replication of %s@%d failed: %s", push.job, push.step, e)
+            self._undo(push, e.peer)
         finally:
             self.catalog.release(own)
             with self._lock:
@@ -119,25 +126,65 @@ class Replicator:
                     del self._pushes[(push.job, push.step)]
 
     def _push(self, push: _Push, own: list) -> None:
-        job, step, v, me = push.job, push.step, push.v, self.url
         for peer in push.targets:
-            c = self.connect(peer)  # the daemon's client of that peer, shared: not closed here
-            c.create_version(job, step, save_id=v.save_id, replica_of=me)
-            for b in own:
-                if push.cancelled.is_set():
-                    raise _Cancelled
-                pieces = chunks(memoryview(b.mem))
-                c.put_raw(job, step, b.name, b.dtype, b.shape, pieces, b.digests, replica_of=me,
-                          save_id=v.save_id)  # fmt: skip
-            if push.cancelled.is_set():
-                raise _Cancelled
-            info = c.commit(job, step, v.manifest, replica_of=me, save_id=v.save_id)
-            if not info.get("committed") or info.get("save_id") != v.save_id:
-                raise StoreError(f"{peer} did not commit the copy of save {v.save_id}: {info}")
+            try:
+                self._push_to(push, own, peer)
+            except (StoreError, OSError, ValueError) as e:
+                raise _Failed(peer) from e
             with self.catalog.lock:
                 for blob in own:
                     blob.copies.append(peer)
 
+    def _push_to(self, push: _Push, own: list, peer: str) -> None:
+        job, step, v, me = push.job, push.step, push.v, self.url
+        c = self.connect(peer)  # the daemon's client of that peer, shared: not closed here
+        c.create_version(job, step, save_id=v.save_id, replica_of=me)
+        for b in own:
+            if push.cancelled.is_set():
+                raise _Cancelled(peer)
+            pieces = chunks(memoryview(b.mem))
+            c.put_raw(
+                job, step, b.name, b.dtype, b.shape, pieces, b.digests, replica_of=me, save_id=v.save_id
+            )
+        if push.cancelled.is_set():
+            raise _Cancelled(peer)
+        names = [b.name for b in own]
+        info = c.commit(job, step, v.manifest, replica_of=me, blobs=names, save_id=v.save_id)
+        if not info.get("committed") or info.get("save_id") != v.save_id:
+            raise StoreError(f"{peer} did not commit the copy of save {v.save_id}: {info}")
+
+    def _undo(self, push: _Push, peer: str | None) -> None:
+        """Delete the partial copy a push left on `peer` (best effort: a peer that is gone holds none)."""
+        if peer is None or push.v.save_id is None:
+            return
+        try:
+            self.connect(peer).delete_copy(push.job, push.step, self.url, push.v.save_id)
+        except (StoreError, OSError) as e:
+            log.warning("could not delete the partial copy of %s@%d on %s: %s", push.job, push.step, peer, e)
+
+    def retain(self, job: str, keep: int, protect: tuple[int, str | None] | None) -> dict[str, str]:
+        """Apply a retain of this store's saves to their copies on its targets: {target: ok | failed: …}."""
+        out: dict[str, str] = {}
+        for peer in self.targets:
+            try:
+                self.connect(peer).retain(job, keep, protect, replica_of=self.url)
+                out[peer] = "ok"
+            except NotFoundError:  # holds no copy of the job
+                out[peer] = "ok"
+            except (StoreError, OSError) as e:
+                out[peer] = f"failed: {e}"
+        return out
+
 
 class _Cancelled(Exception):
-    pass
+    """A push stopped for a newer save or a delete, at `peer` (None: before it began)."""
+
+    def __init__(self, peer: str | None) -> None:
+        super().__init__(peer)
+        self.peer = peer
+
+
+class _Failed(_Cancelled):
+    """A push to `peer` failed (the cause is chained); caught before `_Cancelled`."""
+
+    peer: str

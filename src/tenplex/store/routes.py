@@ -93,12 +93,20 @@ def _delete_job(d: Daemon, req: Request) -> dict[str, Any]:
 
 @route("POST", r"/v1/jobs/(?P<job>[^/]+)/retain")
 def _retain(d: Daemon, req: Request) -> dict[str, Any]:
-    """Keep the newest `keep` committed versions of a job, delete the rest."""
+    """Keep the `keep` newest committed saves of a job by commit order, and always the `protect`ed one
+    ([step, save_id]: the save just committed on every store); with `replica_of`, the copies that store
+    pushed here. A store's own retain reaches the copies of its saves on its replication targets."""
     job, body = req.job(), req.json()
-    deleted = d.catalog.retain(job, body.get("keep"))
+    keep, protect, origin = body.get("keep"), _protect(body.get("protect")), _origin(body.get("replica_of"))
+    if origin is not None:
+        return {"deleted": d.catalog.retain(job, keep, protect, origin)}
+    try:
+        deleted = d.catalog.retain(job, keep, protect)
+    except NotFoundError:  # no own save of the job here: its copies on the targets may still be
+        deleted = []
     for s in deleted:
         d.relay.drop(job, s)
-    return {"deleted": deleted}
+    return {"deleted": deleted, "replicas": d.replicator.retain(job, keep, protect)}
 
 
 @route("POST", _V)
@@ -111,8 +119,15 @@ def _create(d: Daemon, req: Request) -> dict[str, Any]:
 
 @route("DELETE", _V)
 def _delete(d: Daemon, req: Request) -> dict[str, Any]:
-    """Delete a version."""
+    """Delete a version; with `?replica_of=URL&save_id=S`, only that store's copy of save S here (a push
+    that failed or was cancelled), which is never recreated afterwards."""
     job, step = req.job(), req.step()
+    origin = _origin(req.query.get("replica_of", [None])[0])
+    if origin is not None:
+        save_id = _query_save(req, None)
+        if save_id is None:
+            raise BadRequestError("deleting a copy needs ?save_id=")
+        return {"deleted": step if d.catalog.delete_copy(job, step, origin, save_id) else None}
     d.replicator.cancel(job, step)
     dropped = d.relay.drop(job, step)
     try:
@@ -212,7 +227,7 @@ def _allocate(d: Daemon, req: Request) -> dict[str, Any]:
 def _seal(d: Daemon, req: Request) -> dict[str, Any]:
     """Declare an allocated blob written; its checksums are taken or given."""
     job, step, name, body = req.job(), req.step(), req.name(), req.json()
-    blob = d.catalog.pending_blob(job, step, name)
+    blob = d.catalog.pending_blob(job, step, name, _save_id(body.get("save_id")))
     digests = body.get("digests")
     n_chunks = -(-blob.nbytes // CHUNK)
     if digests is None:  # the writer did not hash: do it here
@@ -255,10 +270,10 @@ def _seal_many(d: Daemon, req: Request) -> dict[str, Any]:
     """Declare many allocated blobs written, with their checksums; every one is checked before any is
     sealed."""
     job, step, body = req.job(), req.step(), req.json()
-    items = _batch(body, '"name", "digests"')
+    items, save_id = _batch(body, '"name", "digests"'), _save_id(body.get("save_id"))
     checked = []
     for item in items:
-        blob = d.catalog.pending_blob(job, step, check_name(item.get("name")))
+        blob = d.catalog.pending_blob(job, step, check_name(item.get("name")), save_id)
         digests, n_chunks = item.get("digests"), -(-blob.nbytes // CHUNK)
         if not (isinstance(digests, list) and len(digests) == n_chunks
                 and all(type(x) is int and 0 <= x < 2**64 for x in digests)):  # fmt: skip
@@ -329,13 +344,7 @@ def _release(d: Daemon, req: Request) -> dict[str, Any]:
 def _relay(d: Daemon, req: Request) -> dict[str, Any] | None:
     """Fetch boxes from a remote store once and serve them to this host's ranks."""
     body = req.json()
-    blobs: list[Blob] = []
-    try:
-        for b in d.relay.get(body):
-            blobs.append(d.catalog.hold(b))
-    except BaseException:
-        d.catalog.release(blobs)
-        raise
+    blobs = d.relay.get(body)  # held for this answer
     if body.get("local"):
         return {"blobs": [b.info(local=True) for b in blobs], "lease": req.lease(blobs)}
     d.send_parts(req, [(b, Box.full(b.shape)) for b in blobs], "relay")  # releases them
@@ -367,6 +376,14 @@ def _save_id(value: Any, default: Any = None) -> Any:
 
 def _query_save(req: Request, default: Any = ANY) -> Any:
     return _save_id(req.query.get("save_id", [None])[0], default)
+
+
+def _protect(value: Any) -> tuple[int, str | None] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != 2:
+        raise BadRequestError("protect must be [step, save_id or null]")
+    return check_step(value[0]), _save_id(value[1])
 
 
 def _origin(value: Any) -> str | None:

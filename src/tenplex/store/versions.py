@@ -88,6 +88,9 @@ class Version:
     committed_at: float = 0.0
     replication: str = "none"  # none | pending | done | failed: <reason>
     live: bool = True  # False once deleted or replaced: a write started for it must not land anywhere
+    born: int = 0  # the catalog's clock when it was opened, and when committed: retention goes by these,
+    order: int = 0  # never by step number (a rolled-back step is newer than a larger one)
+    complete: bool = False  # a saver said it is committed on every store (retain's `protect`)
 
     def info(self) -> dict[str, Any]:
         return {

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..ptc import values as value_codec
 from ..store import MemoryLimitError, NotFoundError, StoreClient, StoreError
-from ..util import collector
+from ..util import collector, logs
 from . import jobrecord, world
 from .breakdown import Breakdown
 from .errors import SaveTimeoutError, StateError
@@ -23,6 +23,8 @@ from .snapshot import make_manifest, stamp
 from .staging import stage
 from .stores import client, resolve
 from .tree import expand, flatten
+
+log = logs.get("transformer")
 
 
 @dataclass(eq=False)
@@ -34,6 +36,8 @@ class SaveHandle:
     bytes_written: int
     seconds_local: float
     breakdown: Breakdown = field(default_factory=Breakdown)
+    save_id: str | None = None
+    replication: dict[str, str] = field(default_factory=dict)  # store -> its push: done, failed: …, none
     _thread: threading.Thread | None = None
     _error: list[BaseException] = field(default_factory=list)
 
@@ -51,6 +55,13 @@ class SaveHandle:
         """Seconds by phase (describe, create, gather, plan, stage, copy, barrier, commit, retain); the
         commit phases of an asynchronous save appear once it finished."""
         return self.breakdown.as_dict()
+
+    @property
+    def replicated(self) -> bool:
+        """False when a store's push of this save to its replicas failed or was cancelled (on the rank that
+        committed, rank 0, once the commit finished): the save is committed and loadable, but a lost host
+        may take its shards with it. A failed push never reads as done."""
+        return all(state in ("none", "done") for state in self.replication.values())
 
     @property
     def done(self) -> bool:
@@ -93,8 +104,10 @@ def save(
 
     Returns once the shards are copied into host buffers when `async_save` (the store writes and the
     commit run in the background), else after the version committed.
-    `keep` deletes all but the newest `keep` committed versions afterwards. `process_group`: the ranks
-    of the job (default: all).
+    `keep` deletes all but the newest `keep` committed saves afterwards, by commit order, never this one
+    (see docs/consistency-retain.md). A push to replicas that failed is in `SaveHandle.replication` and
+    `replicated` (and logged); it does not fail the save. `process_group`: the ranks of the job (default:
+    all).
     """
     started = time.perf_counter()
     bd = Breakdown()
@@ -122,6 +135,7 @@ def save(
         host = stage({n: shards[n].local for n in sorted(mine)}, copy_cpu=async_save)
 
     failed: list[Exception] = []  # this rank's part that failed: every rank learns of it (`_agree`)
+    replication: dict[str, str] = {}  # each store's push of this save (rank 0)
 
     def copy() -> None:
         """Into the store: shared memory copied and checksummed chunk by chunk (one pass), or the network."""
@@ -145,12 +159,14 @@ def save(
         with bd.phase("commit"):
             stamp(manifest)  # each store's replica targets and incarnation
             for url_ in manifest["stores"]:
-                client(url_).commit(job, step, manifest, wait_replicas=True, blobs=found.blobs[url_])
+                info = client(url_).commit(job, step, manifest, wait_replicas=True, blobs=found.blobs[url_])
+                replication[url_] = str(info.get("replication", "none"))
             jobrecord.write(manifest)  # on this host: the stores the job's newest snapshot is on
+        _warn_unreplicated(job, step, replication)
         if keep is not None:  # only once committed everywhere: a crash in between must leave a version
-            with bd.phase("retain"):  # that is complete on every store
+            with bd.phase("retain"):  # that is complete on every store, and it is the one protected
                 for url_ in manifest["stores"]:
-                    client(url_).retain(job, keep)
+                    client(url_).retain(job, keep, protect=(step, save_id))
 
     def finish() -> None:
         if async_save:
@@ -165,7 +181,7 @@ def save(
         with bd.phase("barrier"):
             _agree(failed, sync_group, None, job, step)
 
-    handle = SaveHandle(job, step, written, local_seconds, bd)
+    handle = SaveHandle(job, step, written, local_seconds, bd, save_id, replication)
     if not async_save:
         finish()
         return handle
@@ -205,6 +221,12 @@ def _agree(failed: list[Exception], group: world.Group, own: StoreClient | None,
         raise mine
     cls = MemoryLimitError if kind == MemoryLimitError.kind else StateError
     raise cls(f"the snapshot of {job!r} at step {step} was not saved: rank {r}: {why}") from mine
+
+
+def _warn_unreplicated(job: str, step: int, replication: dict[str, str]) -> None:
+    for url, state in replication.items():
+        if state not in ("none", "done"):
+            log.warning("save %s@%d is committed but its copies from %s are not: %s", job, step, url, state)
 
 
 def _replace_committed(own: StoreClient, job: str, step: int) -> None:

@@ -419,6 +419,11 @@ class Controller:
             why = r.get("lost_why") or {}
             self.timeline.write("stores_lost", phase=phase.index, step=r["step"], lost=why)
             self.live.note(f"phase {phase.index} loaded step {r['step']}; stores lost: {_lost_line(why)}")
+        if r["kind"] == "unreplicated":
+            failed = {u: why for u, why in r["replication"].items() if why not in ("none", "done")}
+            self.timeline.write("unreplicated", phase=phase.index, step=r["step"], replication=failed)
+            self.live.note(f"the snapshot of step {r['step']} is committed but not copied to its replicas: "
+                           + "; ".join(f"{u}: {why}" for u, why in sorted(failed.items())))  # fmt: skip
         if r["kind"] == "store_full":
             what = "skipped" if r["skipped"] else "tried again"
             log.warning("phase %d: the save of step %d did not fit: %s", phase.index, r["step"], r["error"])

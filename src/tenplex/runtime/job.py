@@ -246,6 +246,13 @@ class ElasticJob:
             self._no_room(handle.step, e, skipped=True)
             return
         self.saved = handle.step
+        self._report_copies(handle)
+
+    def _report_copies(self, handle: SaveHandle) -> None:
+        """A committed save whose copies did not reach a replica store is said in the records (rank 0
+        commits, so it knows): a lost host may take its shards with it until the next save's copies land."""
+        if not handle.replicated:
+            self.record("unreplicated", step=handle.step, replication=handle.replication)
 
     def _no_room(self, step: int, error: MemoryLimitError, skipped: bool) -> None:
         """A save did not fit in the stores: said in the records (`store_full`), and from now on the job
@@ -282,6 +289,7 @@ class ElasticJob:
                     self.record("save_failed", step=step, error=f"{type(again).__name__}: {again}")
                     raise
             self.saved = step
+            self._report_copies(h)
             self.record(
                 "saved", step=step, seconds=time.perf_counter() - t, bytes=h.bytes_written, phases=h.phases
             )

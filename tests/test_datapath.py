@@ -73,7 +73,7 @@ def test_huge_pages_off_is_a_plain_directory():
         assert c.health()["huge_pages"] is False
         assert host_path(sp.shm_dir) == sp.shm_dir
         c.write_blob("j", 1, "w", np.ones(10, np.float32))
-        assert sorted(os.listdir(sp.shm_dir)) == ["b00000001", "control.sock"]
+        assert sorted(os.listdir(sp.shm_dir)) == ["control.sock", "p00000001"]  # a small blob: a pack range
     finally:
         assert sp.stop() == 0
     assert not os.path.exists(sp.shm_dir)
@@ -138,11 +138,17 @@ def _huge_kib(mem: mmap.mmap) -> int:
 @needs_root
 def test_a_large_blobs_file_is_whole_huge_pages_and_a_small_ones_is_not(tmp_path):
     """tmpfs backs the part of a file short of a whole huge page with fresh 4 KiB pages, the slow part of a
-    first save: a large blob's file is rounded up to huge pages, where that wastes at most an eighth."""
+    first save: a large blob's file is rounded up to huge pages, where that wastes at most an eighth. A
+    small blob is a range of a pack, on 4 KiB pages (a huge page per bias vector would break the limit)."""
     arena = Arena("t", str(tmp_path), "on", 64 * MiB)
     try:
+        small = arena.create(100)
+        assert small.path in arena.packs and arena.footprint(100) == 4096
+        small.mem[:] = b"x" * 100  # type: ignore[index]
+        assert _huge_kib(arena.packs[small.path].mem) == 0
+        arena.recycle(small, 100)
         made = []
-        for nbytes, size in ((12_266_000, 6 * HUGE_PAGE), (3 * MiB, 3 * MiB), (100, 4096)):
+        for nbytes, size in ((12_266_000, 6 * HUGE_PAGE), (3 * MiB, 3 * MiB)):
             place = arena.create(nbytes)
             path, mem = place.path, place.mem
             assert (arena.footprint(nbytes), os.path.getsize(path), len(mem)) == (size, size, nbytes)

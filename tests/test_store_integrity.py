@@ -332,7 +332,8 @@ def _mapped(path: str) -> bool:
 
 def test_cached_mappings_of_unlinked_blob_files_are_dropped():
     """A reader's cached mapping of a blob file keeps its memory alive after the store unlinked the file;
-    the client drops such mappings the next time it maps anything."""
+    the client drops such mappings the next time it maps anything. Here the file is a pack the store
+    removed once it held no blob and had given its pages back to make room."""
     with start_store(memory_limit="1MiB") as sp:
         c = sp.client(local=True)
         c.write_blob("m", 1, "w", np.ones(600 << 10, np.uint8))
@@ -343,7 +344,7 @@ def test_cached_mappings_of_unlinked_blob_files_are_dropped():
         c._unlease(lease, pin)
         assert _mapped(path)
         c.delete_version("m", 1)
-        c.write_blob("m", 2, "w", np.ones(700 << 10, np.uint8))  # needs the pooled file's room: unlinked
+        c.write_blob("m", 2, "w", np.ones(1 << 20, np.uint8))  # a file of its own, needs the pack's room
         c.commit("m", 2, None)
         assert not os.path.exists(path)
         time.sleep(SWEEP + 0.1)  # mappings are checked every SWEEP seconds

@@ -41,8 +41,9 @@ pytestmark = pytest.mark.timeout(180)
 
 @pytest.fixture(scope="module", params=["files", "reserve"])
 def store(request):
-    """Every test of blobs held while served runs on both kinds of blob memory: files of their own, and
-    ranges of the memory reserved at start (`slab`), which any blob may reuse."""
+    """Every test of blobs held while served runs on both kinds of blob memory: files of their own (and pack
+    files for small blobs), and ranges of the memory reserved at start (`slab`), which any blob may
+    reuse."""
     yield from serve(["--reserve", "64MiB"] if request.param == "reserve" else None)
 
 
@@ -297,6 +298,33 @@ def test_the_trailer_checksums_are_the_receivers_pieces(data):
         pos = min(pos + k, len(span))
     s.update(span[pos:])
     assert s.finish() == [digest(span[a:b]) for a, b in cuts(hi - lo, 0, chunk)]
+
+
+def test_a_stale_writers_bytes_never_reach_a_new_blob(store):
+    """Never foreign bytes: a writer keeps its mapping of a blob that was dropped unsealed (its save
+    abandoned) and goes on writing garbage through it; the new blobs that follow, whichever memory they
+    get (a pack range, a reserve range, a file), never see that garbage, before or after they are
+    written. The dropped range is retired, never handed out again."""
+    c = store.client(local=True)
+    job, n = "stale", 5000  # two pages: a pack or reserve range, not a file of its own
+    stale = c.allocate_blob(job, 1, "w", "uint8", (n,))
+    c.delete_version(job, 1)  # the save is abandoned: the blob is dropped unsealed
+    for step in (2, 3):
+        stale[:] = 0xAB  # the stale writer writes through its own mapping, now and again later
+        fresh = [c.allocate_blob(job, step, f"v{i}", "uint8", (n,)) for i in range(32)]
+        stale[:] = 0xAB
+        assert not any((a == 0xAB).any() for a in fresh), "a new blob got the stale writer's memory"
+        for i, a in enumerate(fresh):
+            a[:] = i
+            c.seal_blob(job, step, f"v{i}")
+        c.commit(job, step, None)
+        stale[:] = 0xCD
+        for reader in (c, store.client(local=False)):
+            out = np.empty(n, np.uint8)
+            for i in range(32):
+                reader.read_box(job, step, f"v{i}", Box.full((n,)), out)
+                assert (out == i).all()
+        c.delete_version(job, step)  # sealed and released: these ranges may be reused by step 3
 
 
 # ---------------------------------------------------------------- 3. leaks

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
 import pytest
@@ -975,3 +976,54 @@ def test_a_save_of_many_one_element_blobs_takes_no_descriptor_or_mapping_per_blo
                 fds, maps = _fds_and_maps(pid)
                 assert fds < 1000 and maps < 1000, (pid, fds, maps)
             c.delete_version(job, step)
+
+
+LONGEST = "模" * 340 + "😀"  # 1,024 bytes of UTF-8 (1,020 + 4): the longest valid blob name
+assert len(LONGEST.encode()) == 1024
+
+
+def test_the_longest_blob_name_works_on_every_route_and_one_byte_more_is_a_bad_request():
+    """Names are limited in UTF-8 bytes so that the longest one, percent-encoded, fits the request line of
+    every route: 1,024 characters of CJK passed validation but failed over the network and in replication
+    (413, request line over 8 KiB). Over shared memory, network PUT, replication to a peer, network and
+    replica reads, and the relay; one byte more is the same 400 from the client and from the daemon."""
+    other = LONGEST[:-1] + "😁"
+    arr = np.arange(10, dtype=np.float32)
+    with start_store() as a, start_store() as b:
+        a.client().set_peers([a.url, b.url], 1)
+        shm, net, replica, relay = (
+            a.client(local=True),
+            a.client(local=False),
+            b.client(local=False),
+            b.client(),
+        )
+        shm.write_blob("names", 1, LONGEST, arr)
+        net.write_blob("names", 1, other, arr + 1)
+        assert shm.commit("names", 1, None, wait_replicas=True)["replication"] == "done"
+        for name, want in ((LONGEST, arr), (other, arr + 1)):
+            assert net.blob_info("names", 1, name)["copies"] == [a.url, b.url]
+            for read in (shm.read_box, net.read_box, replica.read_box):
+                out = np.empty_like(arr)
+                read("names", 1, name, Box.full(arr.shape), out)
+                assert (out == want).all()
+            out = np.empty_like(arr)
+            relay.fetch_remote(a.url, "names", 1, name, None, out)
+            assert (out == want).all()
+        long, box, out = LONGEST + "x", Box.full(arr.shape), np.empty_like(arr)
+        put = f"/v1/jobs/names/versions/2/blobs/{quote(long, safe='')}?dtype=uint8&shape=1"
+        relayed = {"peer": a.url, "job": "names", "step": 1, "boxes": [{"name": long, "box": None}]}
+        refused = [
+            lambda: shm.write_blob("names", 2, long, arr),
+            lambda: net.write_blob("names", 2, long, arr),
+            lambda: shm.read_box("names", 1, long, box, out),
+            lambda: net.read_box("names", 1, long, box, out),
+            lambda: relay.fetch_remote(a.url, "names", 1, long, None, out),
+            lambda: net.blob_info("names", 1, long),
+            # the daemon, asked without the client's check: the same error
+            lambda: net.request("PUT", put, body=[memoryview(b"x")]),
+            lambda: net.request("POST", "/v1/jobs/names/versions/1/read", {"boxes": [{"name": long}]}),
+            lambda: relay.request("POST", "/v1/relay", relayed),
+        ]
+        for call in refused:
+            with pytest.raises(BadRequestError, match=r"\(1025 bytes\): printable, 1..1024 bytes of UTF-8$"):
+                call()

@@ -138,8 +138,8 @@ class Arena:
     Why packs: a file per blob costs the daemon a descriptor and a mapping per blob (the kernel allows
     65,530 mappings; a save of 70,000 one-element tensors ran out of both), and a client a mapping per
     blob. A blob below `pack_max` (the memory limit / MAX_FILES, at least PACK_MIN) is a page-aligned range
-    of a pack file (`Slab(sparse=True)`), so blob files of their own number at most MAX_FILES, packs at
-    most the limit / PACK_SPAN, and a client maps each file once whatever the blobs in it.
+    of a pack file (`Slab(sparse=True)`), so blob files of their own number at most MAX_FILES, packs about
+    one per PACK_SPAN of small blobs, and a client maps each file once whatever the blobs in it.
 
     A new tmpfs file costs page allocation (~0.3-1 GB/s here, far below a memory copy), so freed files are
     kept for a while and handed to the next blob of the same size, and freed pack ranges keep their pages:
@@ -234,8 +234,7 @@ class Arena:
         except OSError as e:
             os.close(fd)
             self.remove(path)
-            why = f"no room for {nbytes} bytes in {self.dir}: {e.strerror} ({self._usage()})"
-            raise MemoryLimitError(why) from None
+            raise self._no_room(nbytes, e) from None
         os.close(fd)
         return Place(path, map_file(path, nbytes, writable=True), 0, nbytes)
 
@@ -243,15 +242,19 @@ class Arena:
         """A range of a pack for a small blob: a free range of a pack, else a hole of one (backed now),
         else a new pack. When the file system is full below the limit, the pool gives way first."""
         with self._pack_lock:
-            for retry in (False, True):
-                try:
-                    return self._pack_range(size, nbytes)
-                except OSError as e:
-                    if e.errno != errno.ENOSPC or retry or not self.pooled:
-                        why = f"no room for {nbytes} bytes in {self.dir}: {e.strerror} ({self._usage()})"
-                        raise MemoryLimitError(why) from None
-                    self.trim(0)
-        raise AssertionError("unreachable")
+            try:
+                return self._pack_range(size, nbytes)
+            except OSError as e:
+                if e.errno != errno.ENOSPC or not self.pooled:
+                    raise self._no_room(nbytes, e) from None
+            self.trim(0)
+            try:
+                return self._pack_range(size, nbytes)
+            except OSError as e:
+                raise self._no_room(nbytes, e) from None
+
+    def _no_room(self, nbytes: int, e: OSError) -> MemoryLimitError:
+        return MemoryLimitError(f"no room for {nbytes} bytes in {self.dir}: {e.strerror} ({self._usage()})")
 
     def _pack_range(self, size: int, nbytes: int) -> Place:
         """A pack range of `size` bytes, a new pack if no pack has room (the caller holds the lock)."""
@@ -354,10 +357,11 @@ class Arena:
     def recycle(self, place: Place, nbytes: int) -> None:
         """Keep a freed blob's memory for reuse: its reserve or pack range for any blob that fits, its file
         for one of the same size."""
+        if not nbytes:  # an empty blob has no memory
+            return
         slab = self._slab(place.path)
-        if slab is not None or not nbytes:
-            if slab is not None and nbytes:
-                slab.give(place.offset, self.footprint(nbytes))
+        if slab is not None:
+            slab.give(place.offset, self.footprint(nbytes))
             return
         with self._lock:
             self._free.setdefault(nbytes, []).append((time.monotonic(), place.path, place.mem))
@@ -415,11 +419,12 @@ class Arena:
         """Free a blob's memory without reusing it: a client may still write through its own mapping of it
         (an unsealed blob of an abandoned writer), so it must never be handed to another blob. A file is
         unlinked, a reserve or pack range's pages are given back and its offsets retired."""
+        if not nbytes:  # an empty blob has no memory
+            return
         slab = self._slab(place.path)
-        if slab is not None or not nbytes:
-            if slab is not None and nbytes:
-                slab.retire(place.offset, self.footprint(nbytes))
-                self._drop_empty_packs()
+        if slab is not None:
+            slab.retire(place.offset, self.footprint(nbytes))
+            self._drop_empty_packs()
             return
         self.remove(place.path)
         if isinstance(place.mem, mmap.mmap):

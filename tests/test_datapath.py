@@ -166,6 +166,28 @@ def test_a_large_blobs_file_is_whole_huge_pages_and_a_small_ones_is_not(tmp_path
 
 
 @needs_root
+def test_a_full_file_system_fails_a_pack_range_cleanly_and_free_ranges_give_way(tmp_path):
+    """A pack range is backed when handed out: on a full file system that is a MemoryLimitError, never a
+    SIGBUS later; a freed range is reused at once, and free ranges give their pages back to a blob that
+    needs a file of its own."""
+    arena = Arena("t", str(tmp_path), "on", 2 * MiB)
+    try:
+        small = [arena.create(100) for _ in range(2 * MiB // 4096)]  # the whole file system, 4 KiB each
+        with pytest.raises(MemoryLimitError, match="no room for 100 bytes"):
+            arena.create(100)
+        arena.recycle(small.pop(), 100)
+        assert arena.create(100).offset == 2 * MiB - 4096  # the freed range, its page still there
+        for place in small[: MiB // 4096]:
+            arena.recycle(place, 100)
+        assert arena.pooled == MiB
+        big = arena.create(MiB)  # a file of its own: the free ranges' pages go to it
+        assert big.path not in arena.packs and arena.pooled == 0
+        big.mem[:] = b"x" * MiB  # type: ignore[index]
+    finally:
+        arena.close()
+
+
+@needs_root
 def test_the_limit_counts_a_rounded_blob_whole_and_readers_see_only_its_bytes():
     sp = start_store(memory_limit="64MiB", extra=["--huge-pages", "on"])
     try:

@@ -498,10 +498,11 @@ def test_held_relayed_boxes_are_verified_and_outlive_a_dropped_relay(request):
         payload = hc._relay_payload(one.url, job, 1, [("w", whole, None)], None)
         found = hc.request("POST", "/v1/relay", payload, hold=pin)
         hc._unlease(found["lease"], pin)
+        at = found["blobs"][0]["offset"] + (1 << 20) + 8  # a blob's bytes start at its offset in the file
         with open(found["blobs"][0]["path"], "r+b") as f:
-            f.seek((1 << 20) + 8)
+            f.seek(at)
             byte = f.read(1)
-            f.seek((1 << 20) + 8)
+            f.seek(at)
             f.write(bytes([byte[0] ^ 0xFF]))
         with pytest.raises(ChecksumError, match="corrupted"):
             hc.hold_relayed(one.url, job, 1, [("w", whole, "float32")])

@@ -257,11 +257,13 @@ class Arena:
         return MemoryLimitError(f"no room for {nbytes} bytes in {self.dir}: {e.strerror} ({self._usage()})")
 
     def _pack_range(self, size: int, nbytes: int) -> Place:
-        """A pack range of `size` bytes, a new pack if no pack has room (the caller holds the lock)."""
-        for pack in self.packs.values():
-            at = pack.take(size)
-            if at is not None:
-                return Place(pack.path, pack.view(at, nbytes), at, pack.size)
+        """A pack range of `size` bytes: pages already backed in any pack first, then holes, then a new pack
+        (the caller holds the lock)."""
+        for holes in (False, True):
+            for pack in self.packs.values():
+                at = pack.take(size, holes)
+                if at is not None:
+                    return Place(pack.path, pack.view(at, nbytes), at, pack.size)
         pack = Slab(self.dir, PACK_SPAN, False, f"p{next(self._ids):08d}", sparse=True)
         self.packs[pack.path] = pack
         at = pack.take(size)

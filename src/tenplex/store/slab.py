@@ -89,16 +89,16 @@ class Slab:
         page-table entry each), the rest on a page."""
         return HUGE_PAGE if self.huge and nbytes >= HUGE_PAGE else mmap.PAGESIZE
 
-    def take(self, nbytes: int) -> int | None:
+    def take(self, nbytes: int, holes: bool = True) -> int | None:
         """The offset of a free range of `nbytes` (a multiple of the page size), out of the free list: the
-        smallest backed free range it fits in, else (a pack) the smallest hole, backed now; None when none
-        has room. OSError(ENOSPC) when the file system has no room for a hole's pages."""
+        smallest backed free range it fits in, else (a pack, `holes`) the smallest hole, backed now; None
+        when none has room. OSError(ENOSPC) when the file system has no room for a hole's pages."""
         if nbytes <= 0:
             return None
         step = self.align(nbytes)
         with self._lock:
             start = _cut(self._free, nbytes, step)
-            hole = start is None and self.sparse
+            hole = start is None and self.sparse and holes
             if hole:
                 start = _cut(self._holes, nbytes, step)
             if start is None:

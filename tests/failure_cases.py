@@ -37,8 +37,9 @@ def one_rank_fails(rank: int, pair) -> dict:
         c = StoreClient(os.environ["TENPLEX_STORE"])
         info = c.request("POST", f"/v1/jobs/{job}/versions/1/locate", {"names": ["r1/model.lin.weight"]})
         with open(info["blobs"][0]["path"], "r+b") as f:
+            f.seek(info["blobs"][0]["offset"])  # the blob's place in its file (a pack holds many blobs)
             byte = f.read(1)
-            f.seek(0)
+            f.seek(info["blobs"][0]["offset"])
             f.write(bytes([byte[0] ^ 0x01]))
     dist.barrier(pair)
     target = build(lay, rank, 5, True)

@@ -196,6 +196,7 @@ def flip_byte(url: str, job: str, step: int, r: random.Random) -> str:
         try:
             info = found["blobs"][0]
             at = 4 * r.randrange(info["nbytes"] // 4) + 3
+            at += info["offset"]  # the blob's place in its file (a pack holds many blobs)
             fd = os.open(info["path"], os.O_RDWR)  # the store's own directory (a huge-page store's too)
             try:
                 os.pwrite(fd, bytes([os.pread(fd, 1, at)[0] ^ 0x40]), at)

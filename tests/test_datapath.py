@@ -73,7 +73,7 @@ def test_huge_pages_off_is_a_plain_directory():
         assert c.health()["huge_pages"] is False
         assert host_path(sp.shm_dir) == sp.shm_dir
         c.write_blob("j", 1, "w", np.ones(10, np.float32))
-        assert sorted(os.listdir(sp.shm_dir)) == ["b00000001", "control.sock"]
+        assert sorted(os.listdir(sp.shm_dir)) == ["control.sock", "p00000001"]  # a small blob: a pack range
     finally:
         assert sp.stop() == 0
     assert not os.path.exists(sp.shm_dir)
@@ -138,11 +138,17 @@ def _huge_kib(mem: mmap.mmap) -> int:
 @needs_root
 def test_a_large_blobs_file_is_whole_huge_pages_and_a_small_ones_is_not(tmp_path):
     """tmpfs backs the part of a file short of a whole huge page with fresh 4 KiB pages, the slow part of a
-    first save: a large blob's file is rounded up to huge pages, where that wastes at most an eighth."""
+    first save: a large blob's file is rounded up to huge pages, where that wastes at most an eighth. A
+    small blob is a range of a pack, on 4 KiB pages (a huge page per bias vector would break the limit)."""
     arena = Arena("t", str(tmp_path), "on", 64 * MiB)
     try:
+        small = arena.create(100)
+        assert small.path in arena.packs and arena.footprint(100) == 4096
+        small.mem[:] = b"x" * 100  # type: ignore[index]
+        assert _huge_kib(arena.packs[small.path].mem) == 0
+        arena.recycle(small, 100)
         made = []
-        for nbytes, size in ((12_266_000, 6 * HUGE_PAGE), (3 * MiB, 3 * MiB), (100, 4096)):
+        for nbytes, size in ((12_266_000, 6 * HUGE_PAGE), (3 * MiB, 3 * MiB)):
             place = arena.create(nbytes)
             path, mem = place.path, place.mem
             assert (arena.footprint(nbytes), os.path.getsize(path), len(mem)) == (size, size, nbytes)
@@ -155,6 +161,28 @@ def test_a_large_blobs_file_is_whole_huge_pages_and_a_small_ones_is_not(tmp_path
         for place, nbytes in made:
             arena.recycle(place, nbytes)
         assert arena.pooled == 6 * HUGE_PAGE + 3 * MiB + 4096
+    finally:
+        arena.close()
+
+
+@needs_root
+def test_a_full_file_system_fails_a_pack_range_cleanly_and_free_ranges_give_way(tmp_path):
+    """A pack range is backed when handed out: on a full file system that is a MemoryLimitError, never a
+    SIGBUS later; a freed range is reused at once, and free ranges give their pages back to a blob that
+    needs a file of its own."""
+    arena = Arena("t", str(tmp_path), "on", 2 * MiB)
+    try:
+        small = [arena.create(100) for _ in range(2 * MiB // 4096)]  # the whole file system, 4 KiB each
+        with pytest.raises(MemoryLimitError, match="no room for 100 bytes"):
+            arena.create(100)
+        arena.recycle(small.pop(), 100)
+        assert arena.create(100).offset == 2 * MiB - 4096  # the freed range, its page still there
+        for place in small[: MiB // 4096]:
+            arena.recycle(place, 100)
+        assert arena.pooled == MiB
+        big = arena.create(MiB)  # a file of its own: the free ranges' pages go to it
+        assert big.path not in arena.packs and arena.pooled == 0
+        big.mem[:] = b"x" * MiB  # type: ignore[index]
     finally:
         arena.close()
 

@@ -99,11 +99,12 @@ def test_a_corrupted_range_raises_and_the_target_keeps_nothing_foreign():
         w = torch.arange(3 << 18, dtype=torch.float32)  # 3 MiB: three checksum chunks
         _save({"w": w}, StoreWriter("bad", 1, store=a.url))
         c = a.client(local=True)
-        path = c.request("POST", "/v1/jobs/bad/versions/1/locate", {"names": ["r0/w"]})["blobs"][0]["path"]
-        with open(path, "r+b") as f:
-            f.seek((1 << 20) + 7)
+        blob = c.request("POST", "/v1/jobs/bad/versions/1/locate", {"names": ["r0/w"]})["blobs"][0]
+        at = blob["offset"] + (1 << 20) + 7  # a blob's bytes start at its offset in the file (a pack's)
+        with open(blob["path"], "r+b") as f:
+            f.seek(at)
             byte = f.read(1)
-            f.seek((1 << 20) + 7)
+            f.seek(at)
             f.write(bytes([byte[0] ^ 0xFF]))
         with pytest.raises(CheckpointException) as e:
             _load({"w": torch.zeros_like(w)}, StoreReader("bad", store=a.url))

@@ -74,12 +74,16 @@ def test_lost_boxes_are_named_and_the_durable_snapshot_takes_over(results):
         assert durable.get("bad") == [] and durable["source"] == "durable", durable
 
 
-def _blob_file(c, job: str, step: int, name: str) -> str:
-    """The shared-memory file that holds a blob (what a flipped bit in a host's memory corrupts)."""
-    return c.request("POST", f"/v1/jobs/{job}/versions/{step}/locate", {"names": [name]})["blobs"][0]["path"]
+def _blob_file(c, job: str, step: int, name: str) -> tuple[str, int]:
+    """The shared-memory file that holds a blob and the blob's offset in it (a pack holds many blobs):
+    what a flipped bit in a host's memory corrupts."""
+    blob = c.request("POST", f"/v1/jobs/{job}/versions/{step}/locate", {"names": [name]})["blobs"][0]
+    return blob["path"], blob["offset"]
 
 
-def _flip(path: str, offset: int) -> None:
+def _flip(where: tuple[str, int], offset: int) -> None:
+    path, start = where
+    offset += start
     with open(path, "r+b") as f:
         f.seek(offset)
         byte = f.read(1)

@@ -1,6 +1,7 @@
 """The reserve's ranges (`slab`): a range handed out is never handed out again while live, nor ever after
-it was retired or given back to the kernel; free ranges merge; live blobs keep their bytes whatever the
-others do."""
+it was retired or (the reserve) given back to the kernel; free ranges merge; live blobs keep their bytes
+whatever the others do. A pack (`sparse=True`) keeps the same rules, but hands out holes (given back
+pages) again, backed anew."""
 
 from __future__ import annotations
 
@@ -33,13 +34,18 @@ def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
 
 
 @settings(max_examples=150, deadline=None)
-@given(huge=st.booleans(), ops=ops)
-@example(huge=True, ops=[("take", 1), ("take_huge", 1), ("give", 0), ("take_huge", 2)])
-@example(huge=False, ops=[("take", 2), ("take", 3), ("give", 0), ("give", 0), ("take", 5)])
-@example(huge=True, ops=[("punch", 0), ("punch", 1), ("take", 1), ("punch", 600)])
-def test_ranges_never_overlap_live_or_dead_ones_and_free_ones_merge(huge, ops):
+@given(huge=st.booleans(), sparse=st.booleans(), ops=ops)
+@example(huge=True, sparse=False, ops=[("take", 1), ("take_huge", 1), ("give", 0), ("take_huge", 2)])
+@example(huge=False, sparse=False, ops=[("take", 2), ("take", 3), ("give", 0), ("give", 0), ("take", 5)])
+@example(huge=True, sparse=False, ops=[("punch", 0), ("punch", 1), ("take", 1), ("punch", 600)])
+@example(
+    huge=False,
+    sparse=True,
+    ops=[("take", 2), ("give", 0), ("punch", 1), ("take", 2), ("retire", 0), ("take", 1)],
+)
+def test_ranges_never_overlap_live_or_dead_ones_and_free_ones_merge(huge, sparse, ops):
     with tempfile.TemporaryDirectory(dir=shm_root()) as d:
-        slab = Slab(d, 4 * HUGE_PAGE, huge)
+        slab = Slab(d, 4 * HUGE_PAGE, huge, "s", sparse)
         live: list[tuple[int, int, int]] = []  # (offset, length, the byte it holds)
         dead: list[tuple[int, int]] = []  # retired or punched: never handed out again
         try:
@@ -47,7 +53,7 @@ def test_ranges_never_overlap_live_or_dead_ones_and_free_ones_merge(huge, ops):
                 if op in ("take", "take_huge"):
                     n = arg * (HUGE_PAGE if op == "take_huge" else PAGE)
                     step = slab.align(n)
-                    fits = any(-(-a // step) * step + n <= a + m for a, m in slab._free)
+                    fits = any(-(-a // step) * step + n <= a + m for a, m in slab._free + slab._holes)
                     at = slab.take(n)
                     assert (at is not None) == fits  # None only where no free range has room
                     if at is None:
@@ -76,7 +82,7 @@ def test_ranges_never_overlap_live_or_dead_ones_and_free_ones_merge(huge, ops):
                     assert given_back == sum(n for _, n in gone) >= min(ask, sum(n for _, n in before))
                     unit = slab.align(HUGE_PAGE)
                     assert given_back < ask + unit  # cut to what was asked, not whole ranges
-                    dead += gone
+                    dead += [] if sparse else gone  # a pack's holes may be handed out again
                 free = slab._free
                 assert free == sorted(free) and all(n > 0 for _, n in free)
                 assert all(a + n < b for (a, n), (b, _) in pairwise(free))  # merged: never adjacent
@@ -85,7 +91,8 @@ def test_ranges_never_overlap_live_or_dead_ones_and_free_ones_merge(huge, ops):
                     assert not any(_overlaps(r, (a, m)) for a, m, _ in live)
                     assert not any(_overlaps(r, x) for x in dead)
                 accounted = slab.left + sum(n for _, n, _ in live) + sum(n for _, n in dead)
-                assert accounted == slab.size
+                assert accounted + sum(n for _, n in slab._holes) == slab.size
+                assert slab.taken == sum(n for _, n, _ in live)
             for at, n, mark in live:  # nothing another range did reached a live one's bytes
                 assert bytes(slab.view(at, n)) == bytes([mark]) * n
         finally:

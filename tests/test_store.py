@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
 import pytest
@@ -499,10 +500,11 @@ def test_held_relayed_boxes_are_verified_and_outlive_a_dropped_relay(request):
         payload = hc._relay_payload(one.url, job, 1, [("w", whole, None)], None)
         found = hc.request("POST", "/v1/relay", payload, hold=pin)
         hc._unlease(found["lease"], pin)
+        at = found["blobs"][0]["offset"] + (1 << 20) + 8  # a blob's bytes start at its offset in the file
         with open(found["blobs"][0]["path"], "r+b") as f:
-            f.seek((1 << 20) + 8)
+            f.seek(at)
             byte = f.read(1)
-            f.seek((1 << 20) + 8)
+            f.seek(at)
             f.write(bytes([byte[0] ^ 0xFF]))
         with pytest.raises(ChecksumError, match="corrupted"):
             hc.hold_relayed(one.url, job, 1, [("w", whole, "float32")])
@@ -940,3 +942,92 @@ def test_a_kept_listing_never_lets_a_relay_answer_with_another_saves_bytes(reque
         hc.fetch_remote_many(remote.url, job, 1, [("w", None, got)], second)
         np.testing.assert_array_equal(got, new)
         hc.drop_relay(job, 1)
+
+
+def _fds_and_maps(pid: int) -> tuple[int, int]:
+    """A process's open descriptors and memory mappings (`/proc/PID/fd` entries, `/proc/PID/maps` lines)."""
+    with open(f"/proc/{pid}/maps") as f:
+        return len(os.listdir(f"/proc/{pid}/fd")), sum(1 for _ in f)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    "local, n",
+    # the network path writes one PUT per blob (~0.35 ms each here): 20,000 keep the test short and are
+    # past the 16,384 blobs at which a descriptor and a mapping per blob ran the daemon out
+    [(True, 100_000), (False, 20_000)],
+    ids=["shm", "network"],
+)
+def test_a_save_of_many_one_element_blobs_takes_no_descriptor_or_mapping_per_blob(request, local, n):
+    """An MoE model saves tens of thousands of one-element tensors: with a file (a descriptor and a
+    mapping) per blob the daemon ran out of both at 16,384 blobs while 64 MiB were in use. Small blobs are
+    ranges of pack files: the daemon's descriptors and mappings, and this client's, stay bounded by files
+    through two saves, each read back whole and deleted."""
+    job = job_name(request)
+    items = [(f"moe.{i}", np.array([i], np.float32), None) for i in range(n)]
+    with start_store(memory_limit="1GiB") as sp:
+        c = sp.client(local=local)
+        for step in (1, 2):
+            c.write_blobs(job, step, items)
+            c.commit(job, step, None)
+            out = np.empty((n, 1), np.float32)
+            for s in range(0, n, 4096):
+                part = range(s, min(n, s + 4096))
+                c.read_boxes(job, step, [(f"moe.{i}", Box((0,), (1,)), out[i]) for i in part])
+            assert (out[:, 0] == np.arange(n, dtype=np.float32)).all()
+            assert c.stats()["memory_used"] == n * mmap.PAGESIZE  # whole pages, as files took
+            for pid in (sp.proc.pid, os.getpid()):
+                fds, maps = _fds_and_maps(pid)
+                assert fds < 1000 and maps < 1000, (pid, fds, maps)
+            c.delete_version(job, step)
+
+
+LONGEST = "模" * 340 + "😀"  # 1,024 bytes of UTF-8 (1,020 + 4): the longest valid blob name
+assert len(LONGEST.encode()) == 1024
+
+
+def test_the_longest_blob_name_works_on_every_route_and_one_byte_more_is_a_bad_request():
+    """Names are limited in UTF-8 bytes so that the longest one, percent-encoded, fits the request line of
+    every route: 1,024 characters of CJK passed validation but failed over the network and in replication
+    (413, request line over 8 KiB). Over shared memory, network PUT, replication to a peer, network and
+    replica reads, and the relay; one byte more is the same 400 from the client and from the daemon."""
+    other = LONGEST[:-1] + "😁"
+    arr = np.arange(10, dtype=np.float32)
+    with start_store() as a, start_store() as b:
+        a.client().set_peers([a.url, b.url], 1)
+        shm, net, replica, relay = (
+            a.client(local=True),
+            a.client(local=False),
+            b.client(local=False),
+            b.client(),
+        )
+        shm.write_blob("names", 1, LONGEST, arr)
+        net.write_blob("names", 1, other, arr + 1)
+        assert shm.commit("names", 1, None, wait_replicas=True)["replication"] == "done"
+        for name, want in ((LONGEST, arr), (other, arr + 1)):
+            assert net.blob_info("names", 1, name)["copies"] == [a.url, b.url]
+            for read in (shm.read_box, net.read_box, replica.read_box):
+                out = np.empty_like(arr)
+                read("names", 1, name, Box.full(arr.shape), out)
+                assert (out == want).all()
+            out = np.empty_like(arr)
+            relay.fetch_remote(a.url, "names", 1, name, None, out)
+            assert (out == want).all()
+        long, box, out = LONGEST + "x", Box.full(arr.shape), np.empty_like(arr)
+        put = f"/v1/jobs/names/versions/2/blobs/{quote(long, safe='')}?dtype=uint8&shape=1"
+        relayed = {"peer": a.url, "job": "names", "step": 1, "boxes": [{"name": long, "box": None}]}
+        refused = [
+            lambda: shm.write_blob("names", 2, long, arr),
+            lambda: net.write_blob("names", 2, long, arr),
+            lambda: shm.read_box("names", 1, long, box, out),
+            lambda: net.read_box("names", 1, long, box, out),
+            lambda: relay.fetch_remote(a.url, "names", 1, long, None, out),
+            lambda: net.blob_info("names", 1, long),
+            # the daemon, asked without the client's check: the same error
+            lambda: net.request("PUT", put, body=[memoryview(b"x")]),
+            lambda: net.request("POST", "/v1/jobs/names/versions/1/read", {"boxes": [{"name": long}]}),
+            lambda: relay.request("POST", "/v1/relay", relayed),
+        ]
+        for call in refused:
+            with pytest.raises(BadRequestError, match=r"\(1025 bytes\): printable, 1..1024 bytes of UTF-8$"):
+                call()

@@ -356,7 +356,8 @@ def test_running_out_of_descriptors_is_survived(tmp_path):
         assert refused >= 20
         for s in socks:
             s.close()
-        blobs = {f"b{i}": np.full(1000, i, np.int32) for i in range(100)}
+        n = 1 << 18  # 1 MiB: a file of its own (and a descriptor) each; smaller blobs share pack files
+        blobs = {f"b{i}": np.full(n, i, np.int32) for i in range(100)}
         for name, a in blobs.items():
             c.write_blob("many", 1, name, a)
         c.commit("many", 1, None)
@@ -373,9 +374,9 @@ def test_running_out_of_descriptors_is_survived(tmp_path):
             s.close()
         time.sleep(0.5)
         assert c.stats()["fd_exhausted"] > 0
-        out = np.empty(1000, np.int32)
+        out = np.empty(n, np.int32)
         for name, a in blobs.items():
-            c.read_box("many", 1, name, Box.full((1000,)), out)
+            c.read_box("many", 1, name, Box.full((n,)), out)
             assert out.tobytes() == a.tobytes()
     finally:
         c.close()

@@ -42,8 +42,9 @@ pytestmark = pytest.mark.timeout(180)
 
 @pytest.fixture(scope="module", params=["files", "reserve"])
 def store(request):
-    """Every test of blobs held while served runs on both kinds of blob memory: files of their own, and
-    ranges of the memory reserved at start (`slab`), which any blob may reuse."""
+    """Every test of blobs held while served runs on both kinds of blob memory: files of their own (and pack
+    files for small blobs), and ranges of the memory reserved at start (`slab`), which any blob may
+    reuse."""
     yield from serve(["--reserve", "64MiB"] if request.param == "reserve" else None)
 
 
@@ -300,6 +301,33 @@ def test_the_trailer_checksums_are_the_receivers_pieces(data):
     assert s.finish() == [digest(span[a:b]) for a, b in cuts(hi - lo, 0, chunk)]
 
 
+def test_a_stale_writers_bytes_never_reach_a_new_blob(store):
+    """Never foreign bytes: a writer keeps its mapping of a blob that was dropped unsealed (its save
+    abandoned) and goes on writing garbage through it; the new blobs that follow, whichever memory they
+    get (a pack range, a reserve range, a file), never see that garbage, before or after they are
+    written. The dropped range is retired, never handed out again."""
+    c = store.client(local=True)
+    job, n = "stale", 5000  # two pages: a pack or reserve range, not a file of its own
+    stale = c.allocate_blob(job, 1, "w", "uint8", (n,))
+    c.delete_version(job, 1)  # the save is abandoned: the blob is dropped unsealed
+    for step in (2, 3):
+        stale[:] = 0xAB  # the stale writer writes through its own mapping, now and again later
+        fresh = [c.allocate_blob(job, step, f"v{i}", "uint8", (n,)) for i in range(32)]
+        stale[:] = 0xAB
+        assert not any((a == 0xAB).any() for a in fresh), "a new blob got the stale writer's memory"
+        for i, a in enumerate(fresh):
+            a[:] = i
+            c.seal_blob(job, step, f"v{i}")
+        c.commit(job, step, None)
+        stale[:] = 0xCD
+        for reader in (c, store.client(local=False)):
+            out = np.empty(n, np.uint8)
+            for i in range(32):
+                reader.read_box(job, step, f"v{i}", Box.full((n,)), out)
+                assert (out == i).all()
+        c.delete_version(job, step)  # sealed and released: these ranges may be reused by step 3
+
+
 # ---------------------------------------------------------------- 3. leaks
 
 
@@ -333,7 +361,8 @@ def _mapped(path: str) -> bool:
 
 def test_cached_mappings_of_unlinked_blob_files_are_dropped():
     """A reader's cached mapping of a blob file keeps its memory alive after the store unlinked the file;
-    the client drops such mappings the next time it maps anything."""
+    the client drops such mappings the next time it maps anything. Here the file is a pack the store
+    removed once it held no blob and had given its pages back to make room."""
     with start_store(memory_limit="1MiB") as sp:
         c = sp.client(local=True)
         c.write_blob("m", 1, "w", np.ones(600 << 10, np.uint8))
@@ -344,7 +373,7 @@ def test_cached_mappings_of_unlinked_blob_files_are_dropped():
         c._unlease(lease, pin)
         assert _mapped(path)
         c.delete_version("m", 1)
-        c.write_blob("m", 2, "w", np.ones(700 << 10, np.uint8))  # needs the pooled file's room: unlinked
+        c.write_blob("m", 2, "w", np.ones(1 << 20, np.uint8))  # a file of its own, needs the pack's room
         c.commit("m", 2, None)
         assert not os.path.exists(path)
         time.sleep(SWEEP + 0.1)  # mappings are checked every SWEEP seconds

@@ -472,7 +472,8 @@ class StoreClient(DatasetClient):
 
     def _map(self, info: dict[str, Any], writable: bool = False) -> memoryview:
         """A blob's bytes in a cached mapping of its file (see `mappings`): a file of its own mapped whole;
-        the store's slab mapped whole once, unpopulated, and each blob's range populated when handed out."""
+        a pack or the store's reserve mapped whole once, unpopulated, and each blob's range populated when
+        handed out."""
         path, nbytes, at, span = info["path"], info["nbytes"], info["offset"], info["span"]
         whole = at == 0 and span == nbytes
         mem = self.maps.get((path, span, writable), lambda: map_file(path, span, writable, populate=whole))

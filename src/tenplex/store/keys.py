@@ -1,7 +1,8 @@
 """Validation of everything a request names: jobs, steps, blob names, dtypes, shapes and boxes.
 
 Names never become file-system paths (blob files get generated names), but they are still bounded and
-printable so that listings, logs and URLs stay sane.
+printable so that listings, logs and URLs stay sane. Client and daemon check with the same functions, so
+a name is refused the same way (a one-line `BadRequestError`, HTTP 400) before or after it is sent.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from ..ptc import ITEM_SIZE, Box, PTCError
 from .errors import BadRequestError
 
 JOB_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
+# A blob name's limit in UTF-8 bytes, not characters: percent-encoded (at most 3 characters per byte) the
+# longest name takes 3 KiB of the 8 KiB request line (`protocol.MAX_LINE`), so it works on every route
+# (PUT, seal, blob info, replication's PUT), not only over shared memory and JSON bodies.
 MAX_NAME = 1024
 MAX_NDIM = 32
 MAX_STEP = 2**63 - 1
@@ -40,8 +44,12 @@ def check_step(step: object) -> int:
 
 
 def check_name(name: object) -> str:
-    if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME or not name.isprintable():
-        raise BadRequestError(f"invalid blob name {name!r}: printable, 1..{MAX_NAME} characters")
+    """A blob name: a printable string of 1..MAX_NAME bytes of UTF-8."""
+    if not isinstance(name, str) or not name.isprintable() or not 0 < len(name.encode()) <= MAX_NAME:
+        size = f" ({len(name.encode(errors='replace'))} bytes)" if isinstance(name, str) else ""
+        raise BadRequestError(
+            f"invalid blob name {repr(name)[:40]}{size}: printable, 1..{MAX_NAME} bytes of UTF-8"
+        )
     return name
 
 

@@ -1,9 +1,11 @@
 """A client's cache of file mappings (blob files in shared memory, corpus token files).
 
-The daemon recycles files of freed blobs for new blobs of the same size, so a periodic writer or reader
-maps each file once (mapping costs about as much as copying); the oldest mappings are closed past `MAX_MAPS`.
-A mapping keeps its file's memory alive after the daemon unlinked the file (trimming its pool to stay
-within its memory limit), so every `SWEEP` seconds the cache drops the mappings of files that are gone.
+Entries are files, not blobs: small blobs are ranges of a few pack files (and `--reserve` ranges of one
+file), each mapped once whatever the blobs in it, and the daemon recycles files of freed blobs for new
+blobs of the same size, so a periodic writer or reader maps each file once (mapping costs about as much as
+copying); the oldest mappings are closed past `MAX_MAPS`. A mapping keeps its file's memory alive after
+the daemon unlinked the file (a pooled file trimmed, an empty pack removed), so every `SWEEP` seconds the
+cache drops the mappings of files that are gone.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-MAX_MAPS = 1024  # mappings a client keeps open for repeated same-host reads
+MAX_MAPS = 1024  # files a client keeps mapped for repeated same-host reads and writes
 SWEEP = 0.5  # seconds between checks for mappings of unlinked files
 
 Key = tuple[str, int, bool]  # (path, nbytes, writable)

@@ -1,5 +1,5 @@
-"""Blob memory: one file per blob in a private directory on /dev/shm (or the store's own huge-page tmpfs
-mounted there, see `tmpfs`), mapped with mmap.
+"""Blob memory in a private directory on /dev/shm (or the store's own huge-page tmpfs mounted there, see
+`tmpfs`), mapped with mmap: small blobs are ranges of a few shared pack files, large ones a file each.
 
 Files on tmpfs plus mmap (rather than `multiprocessing.shared_memory`) because the daemon alone decides
 when a segment goes away: no resource tracker in a client process can unlink it when that client exits.
@@ -27,6 +27,10 @@ from .errors import AuthError, MemoryLimitError, StoreError
 from .protocol import trusted_uid
 from .slab import Slab
 from .tmpfs import StoreMemory, open_memory, round_up
+
+MAX_FILES = 4096  # blob files of their own at most: a blob smaller than limit / MAX_FILES goes to a pack
+PACK_MIN = 1 << 20  # blobs below this always go to a pack, whatever the limit
+PACK_SPAN = 1 << 30  # the size of a pack file (sparse: only its ranges in use take memory)
 
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 _POPULATE_READ, _POPULATE_WRITE = 22, 23  # madvise(2) advice values
@@ -138,14 +142,27 @@ def reap(root: str | None = None) -> list[str]:
 
 
 class Arena:
-    """The daemon's blob memory: ranges of the slab taken at start (`--reserve`, see `slab`), else files
-    created on demand; both recycled when freed, the directory removed on exit.
+    """The daemon's blob memory: ranges of the slab taken at start (`--reserve`, see `slab`), else ranges of
+    pack files for small blobs, else files created on demand; all recycled when freed, the directory
+    removed on exit.
+
+    Why packs: a file per blob costs the daemon a descriptor and a mapping per blob (the kernel allows
+    65,530 mappings; a save of 70,000 one-element tensors ran out of both), and a client a mapping per
+    blob. A blob below `pack_max` (the memory limit / MAX_FILES, at least PACK_MIN) is a page-aligned range
+    of a pack file (`Slab(sparse=True)`), so blob files of their own number at most MAX_FILES, packs about
+    one per PACK_SPAN of small blobs, and a client maps each file once whatever the blobs in it.
 
     A new tmpfs file costs page allocation (~0.3-1 GB/s here, far below a memory copy), so freed files are
-    kept for a while and handed to the next blob of the same size: periodic snapshots of one job have the
-    same shapes every time, and their writes then run at memory-copy speed. The catalog recycles a range
-    or a file only once no request holds its blob any more (reference counts), so a reuse can never
-    overwrite bytes that are being served.
+    kept for a while and handed to the next blob of the same size, and freed pack ranges keep their pages:
+    periodic snapshots of one job have the same shapes every time, and their writes then run at
+    memory-copy speed. Both count as `pooled` in the memory limit and give their pages back when room is
+    needed.
+
+    Never foreign bytes: the catalog recycles a range or a file only once no request holds its blob any
+    more (reference counts), so a reuse can never overwrite bytes that are being served; and the memory
+    of a blob a writer may still write through (unsealed, `discard`) is never handed out again (a file is
+    unlinked, a range retired: its pages punched and its offsets out of use), so a new blob never sees a
+    stale writer's bytes.
     """
 
     TTL = 120.0  # pooled files unused this long are unlinked
@@ -171,7 +188,15 @@ class Arena:
         self._lock = threading.Lock()
         self._free: dict[int, list[tuple[float, str, mmap.mmap | bytearray]]] = {}  # per size, oldest first
         self._order: OrderedDict[str, int] = OrderedDict()  # every pooled file, oldest first -> its size
-        self.pooled = 0
+        self.pooled_files = 0
+        self.pack_max = max(PACK_MIN, round_up(size // MAX_FILES, mmap.PAGESIZE))  # `size`: the limit
+        self.packs: dict[str, Slab] = {}
+        self._pack_lock = threading.RLock()
+
+    @property
+    def pooled(self) -> int:
+        """Freed memory kept for reuse: pooled files and free ranges of packs."""
+        return self.pooled_files + sum(p.left for p in list(self.packs.values()))
 
     def footprint(self, nbytes: int) -> int:
         """The bytes a blob of `nbytes` takes in memory: its file's size, in whole pages.
@@ -190,10 +215,14 @@ class Arena:
         slab; else a recycled file of that size; else the smallest larger pooled file, cut to size; else a
         new file on the pages of free slab ranges and of the oldest smaller pooled files, freed for it.
         It takes `footprint(nbytes)`; its content is undefined (like np.empty)."""
+        if nbytes == 0:  # no memory, no file: nothing maps it
+            return Place(os.path.join(self.dir, "empty"), bytearray(), 0, 0)
         size = self.footprint(nbytes)
         at = self.reserve.take(size)
         if at is not None:
             return Place(self.reserve.path, self.reserve.view(at, nbytes), at, self.reserve.size)
+        if size < self.pack_max:
+            return self._packed(size, nbytes)
         with self._lock:
             if self._free.get(nbytes):
                 path, mem = self._unpool(nbytes)
@@ -216,10 +245,51 @@ class Arena:
         except OSError as e:
             os.close(fd)
             self.remove(path)
-            why = f"no room for {nbytes} bytes in {self.dir}: {e.strerror} ({self._usage()})"
-            raise MemoryLimitError(why) from None
+            raise self._no_room(nbytes, e) from None
         os.close(fd)
         return Place(path, map_file(path, nbytes, writable=True), 0, nbytes)
+
+    def _packed(self, size: int, nbytes: int) -> Place:
+        """A range of a pack for a small blob: a free range of a pack, else a hole of one (backed now),
+        else a new pack. When the file system is full below the limit, the pool gives way first."""
+        with self._pack_lock:
+            try:
+                return self._pack_range(size, nbytes)
+            except OSError as e:
+                if e.errno != errno.ENOSPC or not self.pooled:
+                    raise self._no_room(nbytes, e) from None
+            self.trim(0)
+            try:
+                return self._pack_range(size, nbytes)
+            except OSError as e:
+                raise self._no_room(nbytes, e) from None
+
+    def _no_room(self, nbytes: int, e: OSError) -> MemoryLimitError:
+        return MemoryLimitError(f"no room for {nbytes} bytes in {self.dir}: {e.strerror} ({self._usage()})")
+
+    def _pack_range(self, size: int, nbytes: int) -> Place:
+        """A pack range of `size` bytes: pages already backed in any pack first, then holes, then a new pack
+        (the caller holds the lock)."""
+        for holes in (False, True):
+            for pack in self.packs.values():
+                at = pack.take(size, holes)
+                if at is not None:
+                    return Place(pack.path, pack.view(at, nbytes), at, pack.size)
+        pack = Slab(self.dir, PACK_SPAN, False, f"p{next(self._ids):08d}", sparse=True)
+        self.packs[pack.path] = pack
+        at = pack.take(size)
+        assert at is not None
+        return Place(pack.path, pack.view(at, nbytes), at, pack.size)
+
+    def _drop_empty_packs(self) -> None:
+        """Remove packs that hold no blob and no pages (their pages were given back to make room): clients
+        drop their mappings of a removed file (`mappings.Mappings.sweep`)."""
+        with self._pack_lock:
+            empty = [p for p in self.packs.values() if p.taken == 0 and p.left == 0]
+            for p in empty:
+                del self.packs[p.path]
+        for p in empty:
+            p.release()
 
     def _smallest_above(self, nbytes: int) -> int | None:
         """The smallest pooled size above `nbytes` (the caller holds the lock).
@@ -251,7 +321,7 @@ class Arena:
         """The oldest pooled file of `nbytes`, out of the pool (the caller holds the lock)."""
         _, path, mem = self._free[nbytes].pop(0)
         del self._order[path]
-        self.pooled -= self.footprint(nbytes)
+        self.pooled_files -= self.footprint(nbytes)
         return path, mem
 
     def _cut(self, path: str, mem: mmap.mmap | bytearray, nbytes: int) -> mmap.mmap | bytearray:
@@ -290,35 +360,46 @@ class Arena:
         used = (st.f_blocks - st.f_bfree) * st.f_frsize
         return (
             f"file system {used} of {st.f_blocks * st.f_frsize} bytes used, {files} in files, pooled "
-            f"{self.pooled}, reserve {self.reserve.left}"
+            f"{self.pooled} ({len(self.packs)} packs), reserve {self.reserve.left}"
         )
 
+    def _slab(self, path: str) -> Slab | None:
+        """The reserve or the pack a blob at `path` is a range of; None for a file of its own."""
+        return self.reserve if self.reserve.holds(path) else self.packs.get(path)
+
     def recycle(self, place: Place, nbytes: int) -> None:
-        """Keep a freed blob's memory for reuse: its slab range for any blob, its file for one of the same
-        size."""
-        if self.reserve.holds(place.path):
-            self.reserve.give(place.offset, self.footprint(nbytes))
+        """Keep a freed blob's memory for reuse: its reserve or pack range for any blob that fits, its file
+        for one of the same size."""
+        if not nbytes:  # an empty blob has no memory
+            return
+        slab = self._slab(place.path)
+        if slab is not None:
+            slab.give(place.offset, self.footprint(nbytes))
             return
         with self._lock:
             self._free.setdefault(nbytes, []).append((time.monotonic(), place.path, place.mem))
             self._order[place.path] = nbytes
-            self.pooled += self.footprint(nbytes)
+            self.pooled_files += self.footprint(nbytes)
         self.trim(None)
 
     def trim(self, keep: int | None) -> None:
         """Unlink pooled files older than TTL, then the oldest ones until at most `keep` bytes are pooled
-        (the reserve counts as pooled, and goes first)."""
+        (the reserve and free pack ranges count as pooled, and go first: a pooled file of a known size is
+        worth more than a free range)."""
         now = time.monotonic()
         if keep is not None:
-            self.reserve.punch(self.pooled + self.reserve.left - keep)
-            keep -= self.reserve.left
+            over = self.pooled + self.reserve.left - keep
+            for slab in (self.reserve, *list(self.packs.values())):
+                over -= slab.punch(over) if over > 0 else 0
+            self._drop_empty_packs()
+            keep -= self.pooled - self.pooled_files + self.reserve.left
         doomed = []
         with self._lock:  # from the oldest file on, and only as far as there is something to unlink
             while self._order:
                 path, n = next(iter(self._order.items()))
                 t, first, _ = self._free[n][0]  # the oldest file overall is the oldest of its size
                 assert first == path
-                if not (now - t > self.TTL or (keep is not None and self.pooled > keep)):
+                if not (now - t > self.TTL or (keep is not None and self.pooled_files > keep)):
                     break
                 doomed.append(self._unpool(n))
         for p, mem in doomed:
@@ -350,9 +431,13 @@ class Arena:
     def discard(self, place: Place, nbytes: int) -> None:
         """Free a blob's memory without reusing it: a client may still write through its own mapping of it
         (an unsealed blob of an abandoned writer), so it must never be handed to another blob. A file is
-        unlinked, a slab range's pages are given back and its offsets retired."""
-        if self.reserve.holds(place.path):
-            self.reserve.retire(place.offset, self.footprint(nbytes))
+        unlinked, a reserve or pack range's pages are given back and its offsets retired."""
+        if not nbytes:  # an empty blob has no memory
+            return
+        slab = self._slab(place.path)
+        if slab is not None:
+            slab.retire(place.offset, self.footprint(nbytes))
+            self._drop_empty_packs()
             return
         self.remove(place.path)
         if isinstance(place.mem, mmap.mmap):
@@ -370,6 +455,10 @@ class Arena:
         with self._lock:
             self._free.clear()
             self._order.clear()
-            self.pooled = 0
+            self.pooled_files = 0
+        with self._pack_lock:
+            packs, self.packs = list(self.packs.values()), {}
+        for p in packs:
+            p.release()
         self.reserve.release()
         self.memory.close()

@@ -150,7 +150,7 @@ class StoreClient(DatasetClient):
         `blobs`: the names that make the version (each must be sealed); others, left by an abandoned
         attempt, are dropped. `save_id` (default: the manifest's) must be the one the version was opened
         for."""
-        wait = max(1.0, self.timeout / 4) if wait_replicas else False
+        wait = self.timeout / 4 if wait_replicas else False  # a round always ends well inside the timeout
         payload: dict[str, Any] = {"manifest": manifest, "wait_replicas": wait, "replica_of": replica_of}
         if blobs is not None:
             payload["blobs"] = blobs

@@ -1,7 +1,7 @@
 """Retention never deletes the newest complete save, copies obey it too, and every write is bound to its
 save: a stale writer, a push racing a delete, a relay fetch racing a drop are refused or freed.
 
-Every test runs real daemons over real sockets (see docs/consistency-retain.md).
+Every test runs real daemons over real sockets (see docs/consistency.md).
 """
 
 from __future__ import annotations

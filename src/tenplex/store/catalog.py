@@ -14,7 +14,7 @@ Integrity rules (see docs/store.md, "Integrity guarantees"):
 - every write names its save: a write of another save is refused, and a deleted save is remembered
   (a tombstone) so that a late write or push of it never recreates it;
 - retention goes by commit order, never step number, and never deletes the newest complete save
-  (see `retain` and docs/consistency-retain.md).
+  (see `retain` and docs/consistency.md).
 """
 
 from __future__ import annotations

@@ -105,7 +105,7 @@ def save(
     Returns once the shards are copied into host buffers when `async_save` (the store writes and the
     commit run in the background), else after the version committed.
     `keep` deletes all but the newest `keep` committed saves afterwards, by commit order, never this one
-    (see docs/consistency-retain.md). A push to replicas that failed is in `SaveHandle.replication` and
+    (see docs/consistency.md). A push to replicas that failed is in `SaveHandle.replication` and
     `replicated` (and logged); it does not fail the save. `process_group`: the ranks of the job (default:
     all).
     """

@@ -187,3 +187,28 @@ def _digests(a: np.ndarray) -> list[int]:
     from tenplex.store.checksum import chunk_digests
 
     return chunk_digests(memoryview(a).cast("B"))
+
+
+def test_a_save_of_a_committed_step_that_fails_midway_leaves_the_step_readable():
+    """Step 5 is complete; a new save of step 5 opens, writes and dies before its commit: the old save
+    stays the one shown and loaded (and survives retain); once a new save of the step commits, it replaces
+    the old one, whose blobs go."""
+    with start_store() as s:
+        c = s.client()
+        old = torch.nn.Linear(4, 3)
+        tenplex.save({"model": old, "step": 5}, job="again", step=5, store=s.url)
+        first = c.save_ids("again")[5]
+        c.create_version("again", 5, save_id="torn")  # the new save's writer: opens, writes, dies
+        c.write_blob("again", 5, "r0/model.weight", np.zeros((3, 4), np.float32), save_id="torn")
+        assert c.save_ids("again") == {5: first}
+        assert c.retain("again", 1) == [] and c.save_ids("again") == {5: first}
+        target = {"model": torch.nn.Linear(4, 3), "step": 0}
+        assert tenplex.load(target, job="again", store=s.url).step == 5
+        assert torch.equal(target["model"].weight, old.weight)
+        new = torch.nn.Linear(4, 3)
+        tenplex.save({"model": new, "step": 5}, job="again", step=5, store=s.url)  # replaces the torn one
+        assert c.save_ids("again")[5] not in (first, "torn")
+        assert [v["step"] for v in c.version_info("again")] == [5]  # one save of the step is left
+        assert c.stats()["blobs"] == 2
+        tenplex.load(target, job="again", store=s.url)
+        assert torch.equal(target["model"].weight, new.weight)

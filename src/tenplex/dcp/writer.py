@@ -24,10 +24,10 @@ from torch.futures import Future
 
 from ..ptc import Box
 from ..ptc import values as value_codec
+from ..store import NotFoundError, StoreClient
 from ..store.keys import check_job, check_step
 from ..transformer.errors import StateError
 from ..transformer.gathered import RankShards, blob_name, build_ptc, describe
-from ..transformer.save import _replace_committed
 from ..transformer.shards import DTYPES, Staged
 from ..transformer.snapshot import make_manifest
 from ..transformer.stores import client, resolve
@@ -177,3 +177,13 @@ def _as_value(raw: np.ndarray) -> Written:
     except Exception:
         return Written(None)
     return Written(None, value, True)
+
+
+def _replace_committed(own: StoreClient, job: str, step: int) -> None:
+    """DCP's `save` to a checkpoint id that names a committed step replaces it (its writers carry no
+    common save id to keep the old save readable beside the new one, as `tenplex.save` does)."""
+    if step in own.versions(job):
+        try:
+            own.delete_version(job, step)
+        except NotFoundError:  # another rank on this host deleted it first
+            pass

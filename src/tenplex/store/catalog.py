@@ -37,6 +37,7 @@ __all__ = ["ANY", "Blob", "Catalog", "Slot", "Version", "check_save_id"]
 
 TOMBSTONES = 1 << 16  # deleted saves remembered: a write of one arriving later is refused
 Protect = tuple[int, str | None]  # (step, save id or None for whichever this store committed)
+Lineage = list[tuple[int, Version]]  # (step, version) of one store's own saves, or of one peer's copies
 
 
 class Catalog:
@@ -182,9 +183,10 @@ class Catalog:
     ) -> Version:
         """The open version of (job, step) for save `save_id` — this store's own, or `replica_of`'s copy.
 
-        Own: a committed version is kept for the same save and refused for another (delete it first); an
-        open one of another save is an abandoned attempt and is replaced. A copy of a newer save replaces
-        the copy of an older one (a peer pushes its saves of a step in order)."""
+        Own: a committed version is kept for the same save; for another save it becomes the slot's
+        `prior`, readable until the new save commits (then it goes); an open one of another save is an
+        abandoned attempt and is replaced. A copy of a newer save replaces the copy of an older one (a
+        peer pushes its saves of a step in order)."""
         gone: list[Version] = []
         with self.lock:
             self._refuse_deleted(job, step, save_id, replica_of)
@@ -194,11 +196,11 @@ class Catalog:
                 cur.save_id = save_id  # created before the writers knew their save's id
             if cur is not None and save_id is not None and cur.save_id != save_id:
                 if cur.committed and replica_of is None:
-                    raise ConflictError(
-                        f"version {step} of job {job!r} is committed by save {cur.save_id}; delete it "
-                        f"before saving it again (save {save_id})"
-                    )
-                gone.append(cur)
+                    if slot.prior is not None:  # two committed saves of a step are never kept here
+                        gone.append(slot.prior)
+                    slot.prior = cur
+                else:
+                    gone.append(cur)
                 cur = None
             if cur is None:
                 cur = Version(step, save_id, replica_of, born=next(self._clock))
@@ -303,8 +305,12 @@ class Catalog:
             v.manifest, v.committed, v.committed_at = manifest, True, time.monotonic()
             v.order = next(self._clock)
             v.save_id = save_id or v.save_id or f"unnamed-{uuid.uuid4().hex}"  # every read can name it
+            replaced = [slot.prior] if v is slot.own and slot.prior is not None else []
+            if replaced:  # the step's earlier save gives way only now that this one is readable
+                self._unlink(job, step, replaced)
         for b in stale:
             self.drop(b)
+        self._drop_all(replaced)
         return v, True
 
     def delete_version(self, job: str, step: int) -> None:
@@ -348,11 +354,13 @@ class Catalog:
         with self.lock:
             if job not in self.jobs:
                 raise NotFoundError(f"unknown job {job!r}")
-            lineage = {
-                s: slot.own if origin is None else slot.copies.get(origin)
+            lineage = [
+                (s, v)
                 for s, slot in self.jobs[job].items()
-            }
-            doomed = _doomed({s: v for s, v in lineage.items() if v is not None}, keep, protect)
+                for v in ((slot.own, slot.prior) if origin is None else (slot.copies.get(origin),))
+                if v is not None
+            ]
+            doomed = _doomed(lineage, keep, protect)
             for s, v in doomed:
                 self._unlink(job, s, [v])
         self._drop_all(v for _, v in doomed)
@@ -364,6 +372,8 @@ class Catalog:
         for v in versions:
             if slot.own is v:
                 slot.own = None
+            if slot.prior is v:
+                slot.prior = None
             slot.copies = {o: c for o, c in slot.copies.items() if c is not v}
             self._bury(job, v)
         if not slot.versions():
@@ -402,7 +412,9 @@ class Catalog:
             self.used = 0
 
 
-def _doomed(lineage: dict[int, Version], keep: int, protect: Protect | None) -> list[tuple[int, Version]]:
+def _doomed(
+    lineage: list[tuple[int, Version]], keep: int, protect: Protect | None
+) -> list[tuple[int, Version]]:
     """Which versions of one lineage (a store's own saves, or one peer's copies) `retain` deletes.
 
     Kept: the anchor — the protected save (which the saver calls only once it committed on every store,
@@ -410,18 +422,18 @@ def _doomed(lineage: dict[int, Version], keep: int, protect: Protect | None) -> 
     by commit order, and the newest save ever marked complete. Steps are never compared: a rolled-back
     step commits after a larger one and is the newer. Uncommitted versions opened before the anchor are
     abandoned attempts and go; one opened after it may be a save in progress and stays."""
-    done = sorted((v for v in lineage.values() if v.committed), key=lambda v: v.order)
+    done = sorted((v for _, v in lineage if v.committed), key=lambda v: v.order)
     anchor = None
     if protect is not None:
-        v = lineage.get(protect[0])
-        if v is not None and v.committed and protect[1] in (None, v.save_id):
-            anchor = v
-            v.complete = True
+        for s, v in lineage:
+            if s == protect[0] and v.committed and protect[1] in (None, v.save_id):
+                anchor = v
+                v.complete = True
     if anchor is None and done:
         anchor = done[-1]
     if anchor is None:
         return []
     others = [v for v in done if v is not anchor]
     kept = {id(v) for v in [anchor, *others[len(others) - keep + 1 :], *[v for v in done if v.complete][-1:]]}
-    return [(s, v) for s, v in lineage.items()
+    return [(s, v) for s, v in lineage
             if (v.committed and id(v) not in kept) or (not v.committed and v.born < anchor.born)]  # fmt: skip

@@ -107,9 +107,14 @@ class Slot:
 
     own: Version | None = None
     copies: dict[str, Version] = field(default_factory=dict)  # origin URL -> its newest save copied here
+    # this store's committed save of the step while a newer save of it is written (`own`, open): it stays
+    # readable, and goes only when that one commits, so a save of a step that fails midway never takes
+    # the step's complete save with it
+    prior: Version | None = None
 
     def versions(self) -> list[Version]:
-        return ([self.own] if self.own is not None else []) + list(self.copies.values())
+        mine = [v for v in (self.own, self.prior) if v is not None]
+        return mine + list(self.copies.values())
 
     def readable(self, save_id: Any = ANY) -> list[Version]:
         """The committed versions a read is served from, all of one save (own first).
@@ -118,9 +123,10 @@ class Slot:
         shows nothing before its own commit), else the copy committed last."""
         if save_id is ANY:
             if self.own is not None:
-                if not self.own.committed:
+                shown = self.own if self.own.committed else self.prior
+                if shown is None:
                     return []
-                save_id = self.own.save_id
+                save_id = shown.save_id
             else:
                 done = [c for c in self.copies.values() if c.committed]
                 if not done:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..ptc import values as value_codec
-from ..store import MemoryLimitError, NotFoundError, StoreClient, StoreError
+from ..store import MemoryLimitError, StoreClient, StoreError
 from ..util import collector, logs
 from . import jobrecord, world
 from .breakdown import Breakdown
@@ -125,8 +125,6 @@ def save(
                 raise StateError(str(e)) from None
         shards = {n: local_shard(n, t) for n, t in tensors.items()}
     own = client(url)
-    with bd.phase("create"):
-        _replace_committed(own, job, step)  # before the all-gather, so before any rank of the save writes
     found, merged, save_id = gather_writers(url, shards, values, group, bd)  # built only for a new layout
     ptc, me = found.ptc, world.rank(group)
     mine = found.mine(me)
@@ -227,13 +225,3 @@ def _warn_unreplicated(job: str, step: int, replication: dict[str, str]) -> None
     for url, state in replication.items():
         if state not in ("none", "done"):
             log.warning("save %s@%d is committed but its copies from %s are not: %s", job, step, url, state)
-
-
-def _replace_committed(own: StoreClient, job: str, step: int) -> None:
-    """A save of a step that is already committed here replaces it: that version is an earlier run's, or
-    one whose commit reached only some stores before its writer died, which no load would use."""
-    if step in own.versions(job):
-        try:
-            own.delete_version(job, step)
-        except NotFoundError:  # another rank on this host deleted it first
-            pass

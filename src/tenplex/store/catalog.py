@@ -345,12 +345,13 @@ class Catalog:
                 pass
 
     def retain(
-        self, job: str, keep: int, protect: Protect | None = None, origin: str | None = None
+        self, job: str, keep: int | None, protect: Protect | None = None, origin: str | None = None
     ) -> list[int]:
         """Apply `keep` to this store's own saves of `job` (or, with `origin`, to that peer's copies here);
-        returns the steps whose version was deleted. See `_doomed` for the rule."""
-        if type(keep) is not int or keep < 1:
-            raise BadRequestError(f"keep must be a positive integer, got {keep!r}")
+        returns the steps whose version was deleted. `keep=None` keeps every committed save (the saver
+        marks `protect` complete and drops abandoned attempts before it). See `_doomed` for the rule."""
+        if keep is not None and (type(keep) is not int or keep < 1):
+            raise BadRequestError(f"keep must be a positive integer or null, got {keep!r}")
         with self.lock:
             if job not in self.jobs:
                 raise NotFoundError(f"unknown job {job!r}")
@@ -412,16 +413,16 @@ class Catalog:
             self.used = 0
 
 
-def _doomed(
-    lineage: list[tuple[int, Version]], keep: int, protect: Protect | None
-) -> list[tuple[int, Version]]:
+def _doomed(lineage: Lineage, keep: int | None, protect: Protect | None) -> Lineage:
     """Which versions of one lineage (a store's own saves, or one peer's copies) `retain` deletes.
 
-    Kept: the anchor — the protected save (which the saver calls only once it committed on every store,
-    so it is complete: marked so) or, without one, the newest commit — the newest `keep - 1` other commits
-    by commit order, and the newest save ever marked complete. Steps are never compared: a rolled-back
-    step commits after a larger one and is the newer. Uncommitted versions opened before the anchor are
-    abandoned attempts and go; one opened after it may be a save in progress and stays."""
+    The anchor is the protected save (the saver names it only once it committed on every store, so it is
+    complete: marked so), else the newest save ever marked complete. Kept: the anchor, the newest
+    `keep - 1` other commits by commit order (all of them for `keep=None`) and the newest complete one.
+    Steps are never compared: a rolled-back step commits after a larger one and is the newer. A store
+    cannot tell a complete save from one whose commit reached it alone, so with no complete save known
+    nothing committed is deleted. Uncommitted versions opened before the anchor are abandoned attempts
+    and go; one opened after it may be a save in progress and stays."""
     done = sorted((v for _, v in lineage if v.committed), key=lambda v: v.order)
     anchor = None
     if protect is not None:
@@ -429,11 +430,12 @@ def _doomed(
             if s == protect[0] and v.committed and protect[1] in (None, v.save_id):
                 anchor = v
                 v.complete = True
-    if anchor is None and done:
-        anchor = done[-1]
+    if anchor is None:
+        anchor = next((v for v in reversed(done) if v.complete), None)
     if anchor is None:
         return []
     others = [v for v in done if v is not anchor]
-    kept = {id(v) for v in [anchor, *others[len(others) - keep + 1 :], *[v for v in done if v.complete][-1:]]}
+    newer = others if keep is None else others[len(others) - keep + 1 :]
+    kept = {id(v) for v in [anchor, *newer, *[v for v in done if v.complete][-1:]]}
     return [(s, v) for s, v in lineage
             if (v.committed and id(v) not in kept) or (not v.committed and v.born < anchor.born)]  # fmt: skip

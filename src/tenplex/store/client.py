@@ -182,19 +182,22 @@ class StoreClient(DatasetClient):
     def retain(
         self,
         job: str,
-        keep: int,
+        keep: int | None,
         protect: tuple[int, str | None] | None = None,
         replica_of: str | None = None,
     ) -> list[int]:
         """Keep the `keep` newest committed saves of `job` by commit order, and always `protect` (step,
-        save id): the save just committed on every store; the store applies the same to its copies on its
-        replication targets. `replica_of`: only that store's copies here. Returns the deleted steps."""
+        save id): the save just committed on every store, marked complete (`keep=None`: only that mark,
+        and abandoned attempts before it dropped); without `protect`, the newest save ever marked
+        complete is kept in its place, and nothing committed goes while none is. The store applies the
+        same to its copies on its replication targets. `replica_of`: only that store's copies here.
+        Returns the deleted steps."""
         return self.retain_info(job, keep, protect, replica_of)["deleted"]
 
     def retain_info(
         self,
         job: str,
-        keep: int,
+        keep: int | None,
         protect: tuple[int, str | None] | None = None,
         replica_of: str | None = None,
     ) -> dict[str, Any]:

@@ -162,7 +162,7 @@ class Replicator:
         except (StoreError, OSError) as e:
             log.warning("could not delete the partial copy of %s@%d on %s: %s", push.job, push.step, peer, e)
 
-    def retain(self, job: str, keep: int, protect: tuple[int, str | None] | None) -> dict[str, str]:
+    def retain(self, job: str, keep: int | None, protect: tuple[int, str | None] | None) -> dict[str, str]:
         """Apply a retain of this store's saves to their copies on its targets: {target: ok | failed: …}."""
         out: dict[str, str] = {}
         for peer in self.targets:

@@ -161,10 +161,11 @@ def save(
                 replication[url_] = str(info.get("replication", "none"))
             jobrecord.write(manifest)  # on this host: the stores the job's newest snapshot is on
         _warn_unreplicated(job, step, replication)
-        if keep is not None:  # only once committed everywhere: a crash in between must leave a version
-            with bd.phase("retain"):  # that is complete on every store, and it is the one protected
-                for url_ in manifest["stores"]:
-                    client(url_).retain(job, keep, protect=(step, save_id))
+        # only once committed everywhere: the save named is complete (each store marks it so, and never
+        # deletes the newest complete one); without `keep` nothing committed is deleted
+        with bd.phase("retain"):
+            for url_ in manifest["stores"]:
+                client(url_).retain(job, keep, protect=(step, save_id))
 
     def finish() -> None:
         if async_save:

@@ -544,9 +544,9 @@ if __name__ == "__main__":
 # (and empty KNOWN_BROKEN) as the fixes merge.
 
 
-def replay(*calls: tuple[str, dict[str, Any]], replicas: int = 0) -> None:
+def replay(*calls: tuple[str, dict[str, Any]], replicas: int = 0, enforce: set[str] = ALL_TAGS) -> None:
     m = Explorer()
-    m.enforce = set(ALL_TAGS)
+    m.enforce = set(enforce)
     try:
         m.setup(replicas=replicas)
         m.check()
@@ -583,6 +583,20 @@ def test_replay_killed_store():
 )
 def test_replay_token_to_squatter():
     replay(("kill", {"k": 0}), ("squat", {"k": 0, "mode": "mute"}))
+
+
+@pytest.mark.xfail(
+    strict=False, raises=Violation, reason="issue 26: retention deletes the last complete snapshot"
+)
+def test_replay_retain_behind_a_torn_step():
+    """Step 2 committed on one of its two stores only (the committer died); `retain(keep=1)` on both
+    stores keeps the torn step and deletes step 1, the only complete save."""
+    replay(
+        save_args(),
+        save_args(nranks=2, torn=1),
+        ("retain", {"k": 0, "keep": 1}),
+        ("retain", {"k": 1, "keep": 1}),
+    )
 
 
 def test_replay_clean_sequence_passes():

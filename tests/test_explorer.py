@@ -457,8 +457,8 @@ class Explorer(RuleBasedStateMachine):
 
 
 DEFAULT = settings(
-    max_examples=int(os.environ.get("TENPLEX_EXPLORE_EXAMPLES", "20")),
-    stateful_step_count=int(os.environ.get("TENPLEX_EXPLORE_STEPS", "22")),
+    max_examples=int(os.environ.get("TENPLEX_EXPLORE_EXAMPLES", "24")),
+    stateful_step_count=int(os.environ.get("TENPLEX_EXPLORE_STEPS", "24")),
     deadline=None,
     suppress_health_check=list(HealthCheck),
 )
@@ -600,10 +600,11 @@ def test_replay_token_to_squatter():
     strict=False, raises=Violation, reason="issue 26: retention deletes the last complete snapshot"
 )
 def test_replay_retain_behind_a_torn_step():
-    """Step 2 committed on one of its two stores only (the committer died); `retain(keep=1)` on both
-    stores keeps the torn step and deletes step 1, the only complete save."""
+    """Step 1 complete on stores 0 and 1; step 2 committed on one of them only (the committer died);
+    `retain(keep=1)` on both keeps the torn step where it is committed and deletes step 1 there: no
+    complete save is left."""
     replay(
-        save_args(),
+        save_args(nranks=2),
         save_args(nranks=2, torn=1),
         ("retain", {"k": 0, "keep": 1}),
         ("retain", {"k": 1, "keep": 1}),

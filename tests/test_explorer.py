@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import os
 import sys
 import threading
@@ -101,10 +102,25 @@ def close_pool() -> list[str]:
     return _POOL.pop().close() if _POOL else []
 
 
+def budgeted(f: Any) -> Any:
+    """A rule or check that does nothing once the default run's time budget is spent: the remaining
+    sequences then end at once (hypothesis has no time budget of its own; store faults on a loaded
+    machine make a sequence take 2-20 s)."""
+
+    @functools.wraps(f)
+    def run(self: Explorer, *args: Any, **kwargs: Any) -> Any:
+        if Explorer.budget_end is not None and time.monotonic() > Explorer.budget_end:
+            return None
+        return f(self, *args, **kwargs)
+
+    return run
+
+
 class Explorer(RuleBasedStateMachine):
     """Rules drive the live stores; the model follows; `check` loads after every step."""
 
     enforce: set[str] = ALL_TAGS - KNOWN_BROKEN  # tags whose violation fails the test (others counted)
+    budget_end: float | None = None  # time.monotonic() after which rules do nothing (the default run)
 
     def __init__(self) -> None:
         super().__init__()
@@ -171,6 +187,7 @@ class Explorer(RuleBasedStateMachine):
         torn=st.sampled_from([None, None, 0, 1]),
         resave=st.booleans(),
     )
+    @budgeted
     def save(self, nranks: int, first: int, keep: int | None, torn: int | None, resave: bool) -> None:
         """A save of one job by `nranks` emulated ranks on consecutive stores from `first`; `torn=k`: the
         committer dies after k of its per-store commits; `resave`: the newest step used is saved again."""
@@ -249,12 +266,14 @@ class Explorer(RuleBasedStateMachine):
         torn=st.sampled_from([0, 1]),
         resave=st.booleans(),
     )
+    @budgeted
     def torn_save(self, nranks: int, first: int, torn: int, resave: bool) -> None:
         """Torn saves drawn more often than `save` alone would (the committer dies after `torn` commits)."""
         self.save(nranks=nranks, first=first, keep=None, torn=torn, resave=resave)
 
     @precondition(lambda self: any(self.model.healthy(i) for i in range(N_STORES)))
     @rule(k=st.integers(0, 2), sealed=st.booleans())
+    @budgeted
     def abandon(self, k: int, sealed: bool) -> None:
         """A writer opens the next step, writes (sealed or not) and is never heard of again."""
         x = self.pick(k, self.healthy())
@@ -274,11 +293,13 @@ class Explorer(RuleBasedStateMachine):
     # -------------------------------------------------------------------------------- loads and reads
 
     @rule(k=st.integers(0, N_STORES - 1))
+    @budgeted
     def load(self, k: int) -> None:
         self.note(f"load(k={k})")
         self.check_load(k)
 
     @invariant()
+    @budgeted
     def check(self) -> None:
         own = (self.healthy() or [0])[0]
         self.check_load(own)
@@ -327,6 +348,7 @@ class Explorer(RuleBasedStateMachine):
 
     @precondition(lambda self: len([i for i in range(N_STORES) if self.model.healthy(i)]) >= 2)
     @rule(k=st.integers(0, 2), j=st.integers(1, 2))
+    @budgeted
     def relay(self, k: int, j: int) -> None:
         """The store `to` fetches a blob of the newest save `src` holds, from `src`."""
         h = self.healthy()
@@ -358,6 +380,7 @@ class Explorer(RuleBasedStateMachine):
 
     @precondition(lambda self: any(self.model.healthy(i) for i in range(N_STORES)))
     @rule(k=st.integers(0, 2), keep=st.sampled_from([1, 2]))
+    @budgeted
     def retain(self, k: int, keep: int) -> None:
         x = self.pick(k, self.healthy())
         self.note(f"retain(k={k}, keep={keep}) on {x}")
@@ -374,6 +397,7 @@ class Explorer(RuleBasedStateMachine):
 
     @precondition(lambda self: any(self.model.healthy(i) and self.model.held[i] for i in range(N_STORES)))
     @rule(k=st.integers(0, 2), which=st.integers(0, 2))
+    @budgeted
     def delete_version(self, k: int, which: int) -> None:
         x = self.pick(k, [i for i in self.healthy() if self.model.held[i]])
         steps = sorted(self.model.held[x])
@@ -384,6 +408,7 @@ class Explorer(RuleBasedStateMachine):
 
     @precondition(lambda self: any(self.model.healthy(i) for i in range(N_STORES)))
     @rule(k=st.integers(0, 2))
+    @budgeted
     def delete_job(self, k: int) -> None:
         x = self.pick(k, self.healthy())
         self.note(f"delete_job(k={k}) on {x}")
@@ -397,6 +422,7 @@ class Explorer(RuleBasedStateMachine):
 
     @precondition(lambda self: any(self.model.healthy(i) for i in range(N_STORES)))
     @rule(k=st.integers(0, 2))
+    @budgeted
     def kill(self, k: int) -> None:
         x = self.pick(k, self.healthy())
         self.fault(f"kill(k={k}) -> store {x}")
@@ -407,6 +433,7 @@ class Explorer(RuleBasedStateMachine):
         lambda self: any(not self.model.alive[i] and not self.model.squatted[i] for i in range(N_STORES))
     )
     @rule(k=st.integers(0, 2))
+    @budgeted
     def restart(self, k: int) -> None:
         x = self.pick(k, self.dead())
         self.fault(f"restart(k={k}) -> store {x} empty on its port")
@@ -417,6 +444,7 @@ class Explorer(RuleBasedStateMachine):
         lambda self: any(not self.model.alive[i] and not self.model.squatted[i] for i in range(N_STORES))
     )
     @rule(k=st.integers(0, 2), mode=st.sampled_from(["garbage", "close", "mute"]))
+    @budgeted
     def squat(self, k: int, mode: str) -> None:
         x = self.pick(k, self.dead())
         self.fault(f"squat(k={k}, mode={mode!r}) -> port of store {x}")
@@ -426,6 +454,7 @@ class Explorer(RuleBasedStateMachine):
 
     @precondition(lambda self: any(self.model.squatted))
     @rule(k=st.integers(0, 2))
+    @budgeted
     def unsquat(self, k: int) -> None:
         x = self.pick(k, [i for i in range(N_STORES) if self.model.squatted[i]])
         self.note(f"unsquat(k={k}) -> port of store {x}")
@@ -436,6 +465,7 @@ class Explorer(RuleBasedStateMachine):
 
     @precondition(lambda self: any(self.model.healthy(i) for i in range(N_STORES)))
     @rule(k=st.integers(0, 2))
+    @budgeted
     def flood(self, k: int) -> None:
         x = self.pick(k, self.healthy())
         n = self.pool.flood(x, 32)
@@ -443,6 +473,7 @@ class Explorer(RuleBasedStateMachine):
 
     @precondition(lambda self: any(self.model.healthy(i) for i in range(N_STORES)))
     @rule(k=st.integers(0, 2))
+    @budgeted
     def slow_reader(self, k: int) -> None:
         x = self.pick(k, self.healthy())
         self.fault(f"slow_reader(k={k}) -> store {x}")
@@ -450,6 +481,7 @@ class Explorer(RuleBasedStateMachine):
 
     @precondition(lambda self: any(s.held for s in self.pool.slots))
     @rule(k=st.integers(0, 2))
+    @budgeted
     def release(self, k: int) -> None:
         x = self.pick(k, [s.index for s in self.pool.slots if s.held])
         self.note(f"release(k={k}) -> connections to store {x} closed")
@@ -474,7 +506,11 @@ def _stores():
 def test_explorer():
     """The default run: derandomized under CI; known-broken tags are counted, not failed."""
     started = time.monotonic()
-    run_state_machine_as_test(Explorer, settings=DEFAULT)
+    Explorer.budget_end = started + float(os.environ.get("TENPLEX_EXPLORE_BUDGET_S", "150"))
+    try:
+        run_state_machine_as_test(Explorer, settings=DEFAULT)
+    finally:
+        Explorer.budget_end = None
     print(summary((time.monotonic() - started) / 60), dict(sorted(STATS.violations.items())))
 
 

@@ -489,7 +489,7 @@ class Explorer(RuleBasedStateMachine):
 
 
 DEFAULT = settings(
-    max_examples=int(os.environ.get("TENPLEX_EXPLORE_EXAMPLES", "24")),
+    max_examples=int(os.environ.get("TENPLEX_EXPLORE_EXAMPLES", "40")),
     stateful_step_count=int(os.environ.get("TENPLEX_EXPLORE_STEPS", "24")),
     deadline=None,
     suppress_health_check=list(HealthCheck),
@@ -512,6 +512,8 @@ def test_explorer():
     finally:
         Explorer.budget_end = None
     print(summary((time.monotonic() - started) / 60), dict(sorted(STATS.violations.items())))
+    for tag in sorted(STATS.first):
+        print(f"first {STATS.first[tag][:1500]}")
 
 
 @pytest.mark.skipif(

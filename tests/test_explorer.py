@@ -14,9 +14,8 @@ Invariants (tags as reported):
 - I7: the store token never reaches a listener squatting a dead store's port.
 - I8: a relay read (`fetch_remote`) gives the save's bytes, or raises a `TenplexError`.
 
-`KNOWN_BROKEN` lists the tags whose checks are skipped by the default run because the current code breaks
-them (issue 26's open defects); the `test_replay_*` functions replay shrunk counterexamples with every check
-on. Long mode: `TENPLEX_EXPLORE_MINUTES=10 pytest tests/test_explorer.py -k explore_for_minutes -s` or
+`KNOWN_BROKEN` lists the tags whose checks the default run would only count (none: every check is enforced);
+the `test_replay_*` functions replay the counterexamples found, with every check on. Long mode: `TENPLEX_EXPLORE_MINUTES=10 pytest tests/test_explorer.py -k explore_for_minutes -s` or
 `python tests/test_explorer.py --minutes 10` (see docs/tests.md).
 """
 
@@ -64,8 +63,8 @@ from tenplex.ptc import TenplexError
 from tenplex.store import NotFoundError
 from tenplex.transformer.errors import NoSnapshotError
 
-# Tags whose checks the default run skips: the current code breaks them (issue 26). Empty it as fixes land.
-KNOWN_BROKEN: set[str] = {"I2", "I3", "I7"}
+# Tags whose checks the default run only counts instead of failing on (for a defect found but not yet fixed).
+KNOWN_BROKEN: set[str] = set()
 
 ALL_TAGS = {"I1", "I2", "I3", "I4", "I5", "I7", "I8"}
 N_STORES = 3
@@ -588,9 +587,8 @@ if __name__ == "__main__":
 
 
 # ------------------------------------------------------------------------------------------------ replays
-# Shrunk counterexamples, replayed step by step with every check on (`check` after each step, as the state
-# machine does). Those that fail on the current code are xfail(strict=False) naming the defect: flip them
-# (and empty KNOWN_BROKEN) as the fixes merge.
+# Counterexamples the explorer found (shortened by hand from its traces), replayed step by step with every
+# check on (`check` after each step, as the state machine does): each failed before its fix.
 
 
 def replay(*calls: tuple[str, dict[str, Any]], replicas: int = 0, enforce: set[str] = ALL_TAGS) -> None:
@@ -613,30 +611,18 @@ def save_args(**kw: Any) -> tuple[str, dict[str, Any]]:
     return ("save", {**SAVE, **kw})
 
 
-@pytest.mark.xfail(
-    strict=False, reason="issue 26: a restarted (empty) store is taken as 'not there': fresh start"
-)
 def test_replay_restart_empty_store():
     replay(save_args(), ("kill", {"k": 0}), ("restart", {"k": 0}))
 
 
-@pytest.mark.xfail(
-    strict=False, raises=Violation, reason="issue 26: an unreachable store is treated as empty: fresh start"
-)
 def test_replay_killed_store():
     replay(save_args(), ("kill", {"k": 0}))
 
 
-@pytest.mark.xfail(
-    strict=False, raises=Violation, reason="issue 26: the client sends its token to a squatter on a dead port"
-)
 def test_replay_token_to_squatter():
     replay(("kill", {"k": 0}), ("squat", {"k": 0, "mode": "mute"}))
 
 
-@pytest.mark.xfail(
-    strict=False, raises=Violation, reason="issue 26: retention deletes the last complete snapshot"
-)
 def test_replay_retain_behind_a_torn_step():
     """Step 1 complete on stores 0 and 1; step 2 committed on one of them only (the committer died);
     `retain(keep=1)` on both keeps the torn step where it is committed and deletes step 1 there: no
@@ -655,12 +641,6 @@ def test_replay_clean_sequence_passes():
            ("retain", {"k": 1, "keep": 2}), ("load", {"k": 2}), replicas=1)  # fmt: skip
 
 
-@pytest.mark.xfail(
-    strict=False,
-    raises=Violation,
-    reason="issue 26 (new): a save of a committed step "
-    "deletes it before its own commit; a torn one leaves no complete save",
-)
 def test_replay_torn_resave_deletes_the_only_complete_save():
     """Found by reasoning over the model, confirmed here: saving a step that is committed again (a job
     replaying it) first deletes the committed version on its store; when that save then dies before its

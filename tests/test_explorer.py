@@ -15,7 +15,8 @@ Invariants (tags as reported):
 - I8: a relay read (`fetch_remote`) gives the save's bytes, or raises a `TenplexError`.
 
 `KNOWN_BROKEN` lists the tags whose checks the default run would only count (none: every check is enforced);
-the `test_replay_*` functions replay the counterexamples found, with every check on. Long mode: `TENPLEX_EXPLORE_MINUTES=10 pytest tests/test_explorer.py -k explore_for_minutes -s` or
+the `test_replay_*` functions replay the counterexamples found, with every check on. Long mode:
+`TENPLEX_EXPLORE_MINUTES=10 pytest tests/test_explorer.py -k explore_for_minutes -s` or
 `python tests/test_explorer.py --minutes 10` (see docs/tests.md).
 """
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 
 from tenplex.store.auth import handshake
-from tenplex.store.protocol import Conn
+from tenplex.store.errors import StoreError
+from tenplex.store.protocol import Closed, Conn
 
 
 def addr(url: str) -> tuple[str, int]:
@@ -76,3 +78,47 @@ def write_token(path, token: str) -> str:
     path.write_text(token + "\n")
     path.chmod(0o600)
     return str(path)
+
+
+class Squatter:
+    """Another process on a port (a dead store's, or any): records every byte it receives and answers each
+    request head with `answer(path, body)` (JSON), or with 404 when that is None. It holds no token, so it
+    can never prove itself a store."""
+
+    def __init__(self, port: int = 0, answer=lambda path, body: None) -> None:
+        self.sock = socket.create_server(("127.0.0.1", port))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.answer = answer
+        self.got = b""
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        self.sock.settimeout(0.2)
+        while self.sock.fileno() >= 0:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                continue
+            threading.Thread(target=self._talk, args=(c,), daemon=True).start()
+
+    def _talk(self, c: socket.socket) -> None:
+        conn = Conn(c)
+        try:
+            while True:
+                start, headers = conn.read_head()
+                body = conn.read_bytes(int(headers.get("content-length", "0")))
+                self.got += start.encode() + b"\n" + repr(headers).encode() + b"\n" + body + b"\n"
+                payload = self.answer(start.split()[1], json.loads(body) if body else None)
+                status = "200 OK" if payload is not None else "404 Not Found"
+                data = json.dumps(payload if payload is not None else {"error": "not_found"}).encode()
+                conn.send_head(f"HTTP/1.1 {status}", {"Content-Length": str(len(data))}, data)
+        except (OSError, Closed, StoreError, ValueError):
+            pass
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        """The port is free once this returns (the accepting thread has let go of it)."""
+        self.sock.close()
+        self.thread.join()

@@ -4,14 +4,12 @@ snapshot saved by two real dp ranks (each store holds a full copy)."""
 
 from __future__ import annotations
 
-import socket
-import threading
-
 import pytest
 import torch
 
 import tenplex
 from launch import run_ranks
+from rawhttp import Squatter
 from tenplex.store import start_store
 from tenplex.transformer import NoSnapshotError, StoresLostError, jobrecord
 from transformer_cases import NAMES, TENSORS, global_tensor
@@ -45,38 +43,6 @@ def _load(job: str, urls: list[str]):
     target = _target()
     info = tenplex.load(target, job=job, store=urls[0], sources=urls)
     return info, target
-
-
-class Squatter:
-    """Another process's listener on a dead store's port: accepts, reads what it is sent, answers garbage."""
-
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_server(("127.0.0.1", port))
-        self.received = b""
-        self.stopped = False
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while not self.stopped:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                conn.settimeout(1.0)
-                try:
-                    self.received += conn.recv(65536)
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self.stopped = True
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept: the port is free
-        except OSError:
-            pass
-        self.sock.close()
 
 
 def test_restarted_unreachable_and_squatted_stores_are_lost_never_empty(tmp_path, monkeypatch):

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import rawhttp
-from rawhttp import addr, exchange
+from rawhttp import Squatter, addr, exchange
 from tenplex.ptc import Box
 from tenplex.store import (
     AuthError,
@@ -394,42 +394,12 @@ def test_a_full_store_reports_memory_limit_to_a_client_still_sending(store):
     still_fine(store)
 
 
-class Listener:
-    """A plain TCP listener that records whatever a daemon sends it and answers 404."""
-
-    def __init__(self, port: int = 0) -> None:
-        self.sock = socket.create_server(("127.0.0.1", port))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.got = b""
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        self.sock.settimeout(0.2)
-        while self.sock.fileno() >= 0:
-            try:
-                c, _ = self.sock.accept()
-            except (TimeoutError, OSError):
-                continue
-            with c:
-                c.settimeout(2)
-                try:
-                    self.got += c.recv(65536)
-                    c.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self.sock.close()
-        self.thread.join()
-
-
 def test_the_daemon_never_sends_its_token_to_an_address_it_was_told_about(store, tmp_path):
     """/v1/relay and /v1/peers name addresses; the daemon sends its token only to a store that proved it
     holds it: a plain listener and a store with another token get nothing, a store with the token serves."""
     TRIED.update({"relay to a listener", "replicas to a listener", "relay to a store with another token"})
     c = store.client(local=False)
-    ear = Listener()
+    ear = Squatter()
     try:
         with pytest.raises(AuthError, match="did not prove"):
             c.fetch_remote(ear.url, "known", 1, "r0/w", None, np.empty_like(KNOWN))
@@ -480,7 +450,7 @@ def test_a_kept_peer_connection_is_reused_and_a_port_that_changed_hands_gets_no_
             c.fetch_remote(url, "remote", step, "w", None, out)
             assert out.tobytes() == KNOWN.tobytes()
         assert same.client(local=False).stats()["accepted"] == accepted + 1  # only the new stats client's
-    ear = Listener(int(url.rsplit(":", 1)[1]))
+    ear = Squatter(int(url.rsplit(":", 1)[1]))
     try:
         with pytest.raises(AuthError, match="did not prove"):
             c.fetch_remote(url, "remote", 4, "w", None, np.empty_like(KNOWN))

@@ -20,12 +20,11 @@ import numpy as np
 import pytest
 
 import rawhttp
-from rawhttp import exchange, req
+from rawhttp import Squatter, exchange, req
 from tenplex.ptc import Box
 from tenplex.store import AuthError, NotFoundError, StoreClient, StoreUnavailable, start_store
 from tenplex.store.auth import client_proof, server_proof, token_file
-from tenplex.store.errors import StoreError
-from tenplex.store.protocol import Closed, Conn
+from tenplex.store.protocol import Conn
 from tenplex.store.server import AUTH_TIMEOUT, MAX_UNAUTH
 from tenplex.store.shm import map_file
 from tenplex.store.tmpfs import host_path
@@ -190,47 +189,6 @@ def test_replication_in_a_ring_whose_stores_are_primaries_of_the_same_save():
 # ---------------------------------------------------------------- the handshake, tokens, floods (issue 26)
 
 TOKEN = secrets.token_hex(32)
-
-
-class Squatter:
-    """A process that took a dead store's port: records every byte it receives and answers each request
-    head with `answer(path, body)` (JSON), or with 404 when that is None."""
-
-    def __init__(self, port: int, answer=lambda path, body: None) -> None:
-        self.sock = socket.create_server(("127.0.0.1", port))
-        self.answer = answer
-        self.got = b""
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        self.sock.settimeout(0.2)
-        while self.sock.fileno() >= 0:
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                continue
-            threading.Thread(target=self._talk, args=(c,), daemon=True).start()
-
-    def _talk(self, c: socket.socket) -> None:
-        conn = Conn(c)
-        try:
-            while True:
-                start, headers = conn.read_head()
-                body = conn.read_bytes(int(headers.get("content-length", "0")))
-                self.got += start.encode() + b"\n" + repr(headers).encode() + b"\n" + body + b"\n"
-                payload = self.answer(start.split()[1], json.loads(body) if body else None)
-                status = "200 OK" if payload is not None else "404 Not Found"
-                data = json.dumps(payload if payload is not None else {"error": "not_found"}).encode()
-                conn.send_head(f"HTTP/1.1 {status}", {"Content-Length": str(len(data))}, data)
-        except (OSError, Closed, StoreError):
-            pass
-        finally:
-            conn.close()
-
-    def close(self) -> None:
-        self.sock.close()
-        self.thread.join()
 
 
 def hello(url: str, nonce: str, live: str | None = None) -> dict:

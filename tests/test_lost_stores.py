@@ -123,3 +123,26 @@ def test_a_broken_process_group_is_a_tenplex_error():
     assert out[1] == {"left": True}
     assert out[0]["error"] == "GroupError", out[0]
     assert "process group broke during" in out[0]["message"]
+
+
+def test_the_records_stores_are_searched_wherever_the_job_moved():
+    """The job's newest save is on store A; the job comes back on a new, empty store B without naming A:
+    the record's stores are searched too, so the save is found there, not taken for a fresh start."""
+    with start_store() as a, start_store() as b:
+        state = {"w": torch.arange(6.0)}
+        tenplex.save(state, job="moved", step=4, store=a.url)
+        target = {"w": torch.zeros(6)}
+        info = tenplex.load(target, job="moved", store=b.url, sources=[])
+        assert info.step == 4 and torch.equal(target["w"], state["w"])
+
+
+def test_a_loopback_url_is_a_stores_own_only_for_a_connection_that_arrived_on_loopback():
+    """A listener on a dead store's port on host A must not borrow the proof of a store on host B for
+    A's loopback URL: B answers for a loopback URL only on a connection that arrived on loopback."""
+    from tenplex.store.auth import is_own_url
+
+    for url in ("http://127.0.0.1:7311", "http://localhost:7311", "http://[::1]:7311"):
+        assert is_own_url(url, "http://hostb:7311", 7311, "0.0.0.0", arrived="127.0.0.1")
+        assert not is_own_url(url, "http://hostb:7311", 7311, "0.0.0.0", arrived="10.77.0.3")
+        assert not is_own_url(url, "http://hostb:7311", 7311, "::", arrived="::ffff:10.77.0.3")
+    assert is_own_url("http://hostb:7311", "http://hostb:7311", 7311, "0.0.0.0", arrived="10.77.0.3")

@@ -212,3 +212,46 @@ def test_a_save_of_a_committed_step_that_fails_midway_leaves_the_step_readable()
         assert c.stats()["blobs"] == 2
         tenplex.load(target, job="again", store=s.url)
         assert torch.equal(target["model"].weight, new.weight)
+
+
+def test_a_resave_committed_on_one_store_only_leaves_the_steps_complete_save_loadable():
+    """Step 1 is complete on A and B (save P); a save of step 1 again (X) commits on A and its committer
+    dies before B: A keeps P readable beside X, so P is still complete and is what a load takes; the next
+    save that completes (X saved again, say) supersedes P."""
+    with start_store() as a, start_store() as b:
+        ca, cb = a.client(), b.client()
+        old = torch.nn.Linear(4, 3)
+        tenplex.save({"model": old, "step": 1}, job="roll", step=1, store=a.url)
+        template = ca.manifest("roll", 1)
+        p = _commit_by_hand(ca, cb, template, 1, "P", old, on="ab")
+        for c in (ca, cb):
+            c.retain("roll", None, protect=(1, "P"))
+        _commit_by_hand(ca, cb, p, 1, "X", torch.nn.Linear(4, 3), on="a")  # B never committed X
+        assert ca.committed_saves("roll")[1] == ["X", "P"] and cb.committed_saves("roll")[1] == ["P"]
+        target = {"model": torch.nn.Linear(4, 3), "step": 0}
+        info = tenplex.load(target, job="roll", store=a.url, sources=[b.url])
+        assert info.step == 1 and torch.equal(target["model"].weight, old.weight)
+        assert ca.retain("roll", 1) == [1] and cb.retain("roll", 1) == []  # P is the newest complete save:
+        assert ca.committed_saves("roll")[1] == ["P"]  # X, partial and superseded, alone went on A
+        assert tenplex.load(target, job="roll", store=a.url, sources=[b.url]).step == 1
+
+
+def test_a_failed_resave_deletes_its_own_open_version_only():
+    """A save of a committed step that fails on some rank deletes its open version (`delete_version` with
+    its save id), never the step's committed save; an abandoned open version retention drops leaves the
+    committed save of the step readable and listed."""
+    with start_store() as s:
+        c = s.client()
+        kept = torch.nn.Linear(4, 3)
+        tenplex.save({"model": kept, "step": 5}, job="fail", step=5, store=s.url)
+        first = c.save_ids("fail")[5]
+        c.create_version("fail", 5, save_id="doomed")
+        c.write_blob("fail", 5, "r0/model.weight", np.zeros((3, 4), np.float32), save_id="doomed")
+        c.delete_version("fail", 5, "doomed")  # what every rank of a failed save does
+        assert c.save_ids("fail") == {5: first}
+        c.create_version("fail", 5, save_id="abandoned")  # a writer that dies; then step 6 completes
+        tenplex.save({"model": torch.nn.Linear(4, 3), "step": 6}, job="fail", step=6, store=s.url, keep=3)
+        assert c.save_ids("fail") == {5: first, 6: c.save_ids("fail")[6]}
+        target = {"model": torch.nn.Linear(4, 3), "step": 0}
+        assert tenplex.load(target, job="fail", step=5, store=s.url).step == 5
+        assert torch.equal(target["model"].weight, kept.weight)

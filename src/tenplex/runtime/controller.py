@@ -282,6 +282,10 @@ class Controller:
             self.timeline.write("stores_lost", lost=e.lost, durable=self.durable, fresh=self.cfg.fresh)
             if self.durable is None and not self.cfg.fresh:
                 raise
+            if self.durable is None:  # --fresh: the run's record named the lost stores; a new one starts
+                from ..transformer import jobrecord
+
+                jobrecord.forget(self.cfg.job)
             what = f"its persisted snapshot {self.durable}" if self.durable else "step 0 (--fresh)"
             self.live.note(f"the stores of job {self.cfg.job} are lost ({_lost_line(e.lost)}); "
                            f"starting from {what}")  # fmt: skip

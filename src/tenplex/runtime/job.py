@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from ..ptc import TenplexError
 from ..store import MemoryLimitError, StoreError
-from ..transformer import NoSnapshotError, SaveHandle, StoresLostError, load, save
+from ..transformer import NoSnapshotError, SaveHandle, StoresLostError, jobrecord, load, save
 from ..transformer.stores import client, resolve
 from ..transformer.world import init_distributed
 from ..util import env
@@ -95,6 +95,7 @@ class ElasticJob:
         self.records = Records(Path(self.out) / "worker.jsonl") if self.out and self.rank == 0 else None
         self._ledger: Records | None = None
         self.saved = -1  # the newest step this job committed that this process knows of
+        self._saved_id: str | None = None  # that save's id (None: loaded, or unknown)
         self.resumed = False  # whether `resume` loaded a snapshot
         self._pending: SaveHandle | None = None
         self._ready = False
@@ -157,6 +158,8 @@ class ElasticJob:
             if not self.fresh:
                 raise
             self.record("fresh", step=0, layout=self.label, forced=True, lost_stores=e.lost)
+            if self.rank == 0:  # the record named the lost stores: this job starts a new one
+                jobrecord.forget(self.name)
             return 0
         self._load_seconds, self.resumed = info.seconds, True
         if info.source == "memory":  # loaded from a DCP checkpoint, the stores do not hold this step yet
@@ -245,7 +248,7 @@ class ElasticJob:
         except MemoryLimitError as e:
             self._no_room(handle.step, e, skipped=True)
             return
-        self.saved = handle.step
+        self.saved, self._saved_id = handle.step, handle.save_id
         self._report_copies(handle)
 
     def _report_copies(self, handle: SaveHandle) -> None:
@@ -265,7 +268,8 @@ class ElasticJob:
         if self.rank == 0:
             for url in dict.fromkeys([resolve(self.store), *(self.sources or [])]):
                 try:
-                    client(url).retain(self.name, 1, protect=None if self.saved < 0 else (self.saved, None))
+                    protect = None if self.saved < 0 else (self.saved, self._saved_id)
+                    client(url).retain(self.name, 1, protect=protect)
                 except StoreError:  # a store without the job, or gone
                     pass
         dist.barrier()
@@ -288,7 +292,7 @@ class ElasticJob:
                 except MemoryLimitError as again:
                     self.record("save_failed", step=step, error=f"{type(again).__name__}: {again}")
                     raise
-            self.saved = step
+            self.saved, self._saved_id = step, h.save_id
             self._report_copies(h)
             self.record(
                 "saved", step=step, seconds=time.perf_counter() - t, bytes=h.bytes_written, phases=h.phases

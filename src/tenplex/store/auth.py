@@ -130,14 +130,18 @@ def _post(conn: Conn, url: str, path: str, payload: dict[str, str]) -> dict[str,
     return body
 
 
-def is_own_url(url: str, own_url: str, port: int, bound: str) -> bool:
-    """Whether `url` reaches this store (listening on `bound`:`port`, advertised as `own_url`)."""
+def is_own_url(url: str, own_url: str, port: int, bound: str, arrived: str | None = None) -> bool:
+    """Whether `url` reaches this store (listening on `bound`:`port`, advertised as `own_url`). A loopback
+    URL is this store's only for a connection that arrived on a loopback address (`arrived`): a listener
+    on another host's dead store's port must not borrow this store's answer for its own loopback URL."""
     try:
         host, p = parse_url(url)
         own_host, _ = parse_url(own_url)
     except BadRequestError:
         return False
     if p != port:
+        return False
+    if arrived is not None and _names_loopback(host) and not _is_loopback(arrived):
         return False
     if host == own_host or host == "localhost":
         return host != "localhost" or _is_loopback(bound) or _is_wildcard(bound)
@@ -162,9 +166,15 @@ def is_own_url(url: str, own_url: str, port: int, bound: str) -> bool:
 
 def _is_loopback(host: str) -> bool:
     try:
-        return ipaddress.ip_address(host).is_loopback
+        ip = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
         return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def _names_loopback(host: str) -> bool:
+    return host == "localhost" or _is_loopback(host)
 
 
 def _is_wildcard(host: str) -> bool:

@@ -184,9 +184,9 @@ class Catalog:
         """The open version of (job, step) for save `save_id` — this store's own, or `replica_of`'s copy.
 
         Own: a committed version is kept for the same save; for another save it becomes the slot's
-        `prior`, readable until the new save commits (then it goes); an open one of another save is an
-        abandoned attempt and is replaced. A copy of a newer save replaces the copy of an older one (a
-        peer pushes its saves of a step in order)."""
+        `prior`, readable until retention knows the new save complete (then it goes); an open one of
+        another save is an abandoned attempt and is replaced. A copy of a newer save replaces the copy of
+        an older one (a peer pushes its saves of a step in order)."""
         gone: list[Version] = []
         with self.lock:
             self._refuse_deleted(job, step, save_id, replica_of)
@@ -305,12 +305,8 @@ class Catalog:
             v.manifest, v.committed, v.committed_at = manifest, True, time.monotonic()
             v.order = next(self._clock)
             v.save_id = save_id or v.save_id or f"unnamed-{uuid.uuid4().hex}"  # every read can name it
-            replaced = [slot.prior] if v is slot.own and slot.prior is not None else []
-            if replaced:  # the step's earlier save gives way only now that this one is readable
-                self._unlink(job, step, replaced)
         for b in stale:
             self.drop(b)
-        self._drop_all(replaced)
         return v, True
 
     def delete_version(self, job: str, step: int) -> None:
@@ -319,6 +315,18 @@ class Catalog:
             gone = self.slot(job, step).versions()
             self._unlink(job, step, gone)
         self._drop_all(gone)
+
+    def delete_open(self, job: str, step: int, save_id: str) -> bool:
+        """Delete this store's open (uncommitted) version of save `save_id` at `step` — a save that failed
+        on some rank — leaving the step's committed save and its copies; False when there is none."""
+        with self.lock:
+            slot = self.jobs.get(job, {}).get(step)
+            v = None if slot is None else slot.own
+            if v is None or v.committed or v.save_id != save_id:
+                return False
+            self._unlink(job, step, [v])
+        self._drop_all([v])
+        return True
 
     def delete_copy(self, job: str, step: int, origin: str, save_id: str) -> bool:
         """Delete `origin`'s copy of save `save_id` (a push that failed or was cancelled), and refuse any
@@ -372,7 +380,7 @@ class Catalog:
         slot = self.jobs[job][step]
         for v in versions:
             if slot.own is v:
-                slot.own = None
+                slot.own, slot.prior = slot.prior, None  # the earlier save of the step is its own again
             if slot.prior is v:
                 slot.prior = None
             slot.copies = {o: c for o, c in slot.copies.items() if c is not v}
@@ -418,7 +426,8 @@ def _doomed(lineage: Lineage, keep: int | None, protect: Protect | None) -> Line
 
     The anchor is the protected save (the saver names it only once it committed on every store, so it is
     complete: marked so), else the newest save ever marked complete. Kept: the anchor, the newest
-    `keep - 1` other commits by commit order (all of them for `keep=None`) and the newest complete one.
+    `keep - 1` other commits by commit order (all of them for `keep=None`) and the newest complete one;
+    an earlier save of the anchor's own step is superseded by it and goes.
     Steps are never compared: a rolled-back step commits after a larger one and is the newer. A store
     cannot tell a complete save from one whose commit reached it alone, so with no complete save known
     nothing committed is deleted. Uncommitted versions opened before the anchor are abandoned attempts
@@ -434,8 +443,10 @@ def _doomed(lineage: Lineage, keep: int | None, protect: Protect | None) -> Line
         anchor = next((v for v in reversed(done) if v.complete), None)
     if anchor is None:
         return []
-    others = [v for v in done if v is not anchor]
+    steps = {id(v): s for s, v in lineage}
+    superseded = {id(v) for v in done if v is not anchor and steps[id(v)] == steps[id(anchor)]}
+    others = [v for v in done if v is not anchor and id(v) not in superseded]
     newer = others if keep is None else others[len(others) - keep + 1 :]
-    kept = {id(v) for v in [anchor, *newer, *[v for v in done if v.complete][-1:]]}
+    kept = {id(v) for v in [anchor, *newer, *[v for v in others if v.complete][-1:]]}
     return [(s, v) for s, v in lineage
             if (v.committed and id(v) not in kept) or (not v.committed and v.born < anchor.born)]  # fmt: skip

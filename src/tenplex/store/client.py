@@ -122,6 +122,16 @@ class StoreClient(DatasetClient):
         except NotFoundError:
             return {}
 
+    def committed_saves(self, job: str) -> dict[int, list[str | None]]:
+        """Every committed save of `job` a read can name here, by step (newest first): a step being saved
+        again keeps its earlier save readable beside the new one until the new one is known complete."""
+        try:
+            listing = self.version_info(job)
+        except NotFoundError:
+            return {}
+        out = {v["step"]: list(v.get("saves", [v.get("save_id")] if v["committed"] else [])) for v in listing}
+        return {s: ids for s, ids in out.items() if ids}
+
     def latest(self, job: str) -> int | None:
         steps = self.versions(job)
         return steps[-1] if steps else None
@@ -173,8 +183,10 @@ class StoreClient(DatasetClient):
     def blob_info(self, job: str, step: int, name: str, save_id: str | None = None) -> dict[str, Any]:
         return self.request("GET", self._bpath(job, step, name) + self._save_q(save_id))
 
-    def delete_version(self, job: str, step: int) -> None:
-        self.request("DELETE", self._vpath(job, step))
+    def delete_version(self, job: str, step: int, save_id: str | None = None) -> None:
+        """Delete the step (every save and copy of it here); with `save_id`, only this store's open
+        version of that save (a save that failed), leaving the step's committed save."""
+        self.request("DELETE", self._vpath(job, step) + self._save_q(save_id, "?"))
 
     def delete_job(self, job: str) -> None:
         self.request("DELETE", f"/v1/jobs/{check_job(job)}")

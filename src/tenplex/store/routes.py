@@ -120,7 +120,8 @@ def _create(d: Daemon, req: Request) -> dict[str, Any]:
 @route("DELETE", _V)
 def _delete(d: Daemon, req: Request) -> dict[str, Any]:
     """Delete a version; with `?replica_of=URL&save_id=S`, only that store's copy of save S here (a push
-    that failed or was cancelled), which is never recreated afterwards."""
+    that failed or was cancelled), which is never recreated afterwards; with `?save_id=S` alone, only this
+    store's open version of save S (a save that failed)."""
     job, step = req.job(), req.step()
     origin = _origin(req.query.get("replica_of", [None])[0])
     if origin is not None:
@@ -128,6 +129,9 @@ def _delete(d: Daemon, req: Request) -> dict[str, Any]:
         if save_id is None:
             raise BadRequestError("deleting a copy needs ?save_id=")
         return {"deleted": step if d.catalog.delete_copy(job, step, origin, save_id) else None}
+    save_id = _query_save(req, None)
+    if save_id is not None:  # a failed save's open version only: the step's committed save stays
+        return {"deleted": step if d.catalog.delete_open(job, step, save_id) else None}
     d.replicator.cancel(job, step)
     dropped = d.relay.drop(job, step)
     try:
@@ -402,7 +406,7 @@ def _hello(d: Daemon, req: Request) -> dict[str, Any]:
         raise BadRequestError('expected {"nonce": 16 to 128 characters, "url": URL}')
     if d.token is None or req.session is None:
         raise BadRequestError("this store runs without a token: there is nothing to prove")
-    if not is_own_url(url, d.url, d.port, d.bound):
+    if not is_own_url(url, d.url, d.port, d.bound, _arrived(req)):
         raise BadRequestError(f"{url[:200]!r} is not this store's URL")
     req.session.challenge = Challenge(d.token, nonce, url)
     return {"url": d.url, **req.session.challenge.answer}
@@ -431,3 +435,12 @@ def _rss() -> int:
 
 
 ROUTES = RouteTable([*_table, *DATASET_ROUTES])
+
+
+def _arrived(req: Request) -> str | None:
+    """The local address the request's connection arrived on (None when it cannot be told)."""
+    try:
+        name = req.conn.sock.getsockname()
+    except OSError:
+        return None
+    return str(name[0]) if isinstance(name, tuple) else None

@@ -189,7 +189,8 @@ class Arena:
         self._free: dict[int, list[tuple[float, str, mmap.mmap | bytearray]]] = {}  # per size, oldest first
         self._order: OrderedDict[str, int] = OrderedDict()  # every pooled file, oldest first -> its size
         self.pooled_files = 0
-        self.pack_max = max(PACK_MIN, round_up(size // MAX_FILES, mmap.PAGESIZE))  # `size`: the limit
+        # `size`: the limit; a pack holds its blobs whole, so none may be larger than a pack
+        self.pack_max = min(PACK_SPAN, max(PACK_MIN, round_up(size // MAX_FILES, mmap.PAGESIZE)))
         self.packs: dict[str, Slab] = {}
         self._pack_lock = threading.RLock()
 

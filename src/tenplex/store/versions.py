@@ -107,9 +107,10 @@ class Slot:
 
     own: Version | None = None
     copies: dict[str, Version] = field(default_factory=dict)  # origin URL -> its newest save copied here
-    # this store's committed save of the step while a newer save of it is written (`own`, open): it stays
-    # readable, and goes only when that one commits, so a save of a step that fails midway never takes
-    # the step's complete save with it
+    # this store's committed save of the step while a newer save of it is written or committed (`own`): it
+    # stays readable by its save id until the newer one is known complete (retention drops it then), so
+    # a save of a step that fails midway, or whose commit reached only some stores, never takes the
+    # step's complete save with it
     prior: Version | None = None
 
     def versions(self) -> list[Version]:
@@ -134,10 +135,18 @@ class Slot:
                 save_id = max(done, key=lambda c: c.committed_at).save_id
         return [v for v in self.versions() if v.committed and v.save_id == save_id]
 
+    def committed_ids(self) -> list[str | None]:
+        """The saves of the step a read can name here: this store's own committed ones (newest first) if
+        it writes the step itself, else the copies committed here."""
+        mine = [v for v in (self.own, self.prior) if v is not None]
+        pool = mine if mine else list(self.copies.values())
+        return [v.save_id for v in sorted(pool, key=lambda v: -v.order) if v.committed]
+
     def info(self) -> dict[str, Any]:
         shown = self.readable()
         head = shown[0] if shown else (self.own or next(iter(self.copies.values())))
         out = head.info()
+        out["saves"] = self.committed_ids()
         if len(shown) > 1:
             out["blobs"] = sum(len(v.blobs) for v in shown)
             out["nbytes"] = sum(b.nbytes for v in shown for b in v.blobs.values())

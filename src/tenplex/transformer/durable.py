@@ -120,7 +120,10 @@ def load_durable(
     meta = _dcp(lambda: dcp.FileSystemReader(path).read_metadata().state_dict_metadata, what)
     head: dict[str, Any] = {VALUES_KEY: "", STEP_KEY: 0}
     _dcp(dcp.load, what, head, checkpoint_id=path, process_group=process_group)
-    saved_values = value_codec.decode(json.loads(head[VALUES_KEY]))
+    try:
+        saved_values = value_codec.decode(json.loads(head[VALUES_KEY]))
+    except (ValueError, TypeError) as e:
+        raise DurableError(f"{what} holds no readable values: {e}") from None
     saved_names = set(meta) - set(head)
     missing = sorted((set(tensors) - saved_names) | (set(values) - set(saved_values)))
     unexpected = sorted((saved_names - set(tensors)) | (set(saved_values) - set(values)))
@@ -181,9 +184,19 @@ def _cause(e: BaseException) -> str:
 
 
 def _swap(new: Path, path: Path) -> None:
-    """`new` becomes `path` whole: a persist that fails midway leaves the checkpoint before it in place."""
+    """`new` becomes `path` whole: a persist that fails midway leaves the checkpoint before it in place
+    (put back if the second rename fails). Between the two renames `path` is briefly absent: a crash
+    exactly there leaves the earlier checkpoint as `.NAME.old-*` beside it."""
     old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
-    if path.exists():
-        os.rename(path, old)
-    os.rename(new, path)
+    try:
+        if path.exists():
+            os.rename(path, old)
+        try:
+            os.rename(new, path)
+        except OSError:
+            if old.exists():
+                os.rename(old, path)
+            raise
+    except OSError as e:
+        raise DurableError(f"persisting to {path} failed: {e}") from None
     shutil.rmtree(old, ignore_errors=True)

@@ -171,14 +171,14 @@ def save(
         if async_save:
             copy()
         with bd.phase("barrier"):
-            _agree(failed, sync_group, own, job, step)
+            _agree(failed, sync_group, own, job, step, save_id)
         if me == 0:
             try:
                 commit()
             except Exception as e:  # raised on every rank at the barrier: none waits for rank 0 there
                 failed.append(e)
         with bd.phase("barrier"):
-            _agree(failed, sync_group, None, job, step)
+            _agree(failed, sync_group, None, job, step, save_id)
 
     handle = SaveHandle(job, step, written, local_seconds, bd, save_id, replication)
     if not async_save:
@@ -199,12 +199,14 @@ def save(
     return handle
 
 
-def _agree(failed: list[Exception], group: world.Group, own: StoreClient | None, job: str, step: int) -> None:
+def _agree(
+    failed: list[Exception], group: world.Group, own: StoreClient | None, job: str, step: int, save_id: str
+) -> None:
     """The barrier of a save, where every rank learns whether every other one's part succeeded: if one
     failed, every rank raises the same kind of error (the first failed rank its own, the others
     `MemoryLimitError` for a full store, else `StateError`), none waits at a later barrier for a rank that
-    is gone, and with `own` the save's uncommitted blobs are deleted from this rank's store (their memory
-    back, for the next one)."""
+    is gone, and with `own` this save's open version is deleted from this rank's store (its memory back,
+    for the next one; the step's committed save, if it had one, and the copies stay)."""
     mine = failed[0] if failed else None
     status = None if mine is None else (getattr(mine, "kind", ""), f"{type(mine).__name__}: {mine}")
     bad = [(r, s) for r, s in enumerate(world.all_gather(status, group)) if s is not None]
@@ -212,7 +214,7 @@ def _agree(failed: list[Exception], group: world.Group, own: StoreClient | None,
         return
     if own is not None:
         try:
-            own.delete_version(job, step)
+            own.delete_version(job, step, save_id)
         except StoreError:  # another rank of this host deleted it first, or the store is gone
             pass
     r, (kind, why) = bad[0]

@@ -116,6 +116,8 @@ def choose(
     over. StoresLostError when none is complete on the stores that answer but stores that may hold one
     are lost; StateError when the stores misbehave."""
     answers = Answers(job)
+    rec = jobrecord.read(job)  # the stores of the job's newest save are searched wherever it moved since
+    urls = list(urls) + sorted(set(rec.stores) - set(urls)) if rec is not None else urls
     try:
         found, manifest = _newest(job, step, urls, below, answers)
         snap = Snapshot(found, manifest)
@@ -145,9 +147,12 @@ class Answer:
     """What one store said about a job: its committed saves by step and its incarnation, or, when it could
     not say (`ids` None), why: a store that cannot answer is a lost store, never an empty one."""
 
-    ids: dict[int, str | None] | None
+    ids: dict[int, list[str | None]] | None  # step -> the committed saves of it a read can name here
     incarnation: str | None = None
     why: str = ""
+
+    def has(self, step: int, save_id: str | None) -> bool:
+        return self.ids is not None and save_id in self.ids.get(step, ())
 
 
 class Answers(dict[str, Answer]):
@@ -160,7 +165,7 @@ class Answers(dict[str, Answer]):
     def __missing__(self, url: str) -> Answer:
         c = client(url)
         try:  # the listing first, then the incarnation: a restart in between shows as a new incarnation
-            ids = c.save_ids(self.job)
+            ids = c.committed_saves(self.job)
             answer = Answer(ids, c.health().get("incarnation"))
         except AuthError as e:
             answer = Answer(None, why=f"unproven: {e}")
@@ -182,8 +187,7 @@ class Answers(dict[str, Answer]):
     def holds(self, url: str, step: int, save_id: str | None, manifest: dict[str, Any]) -> bool:
         """Whether the store has that save committed, or cannot answer for it (a lost store: handled by
         the plan, which reads its pieces elsewhere or says they are gone)."""
-        a = self[url]
-        if a.ids is not None and a.ids.get(step, ...) == save_id:
+        if self[url].has(step, save_id):
             return True
         return self.lost(url, manifest.get("incarnations", {}).get(url)) is not None
 
@@ -197,15 +201,18 @@ def _newest(
     id tells the two apart."""
     where: dict[int, dict[str | None, str]] = defaultdict(dict)  # step -> save id -> a store holding it
     for u in urls:
-        for s, sid in (answers[u].ids or {}).items():
+        for s, sids in (answers[u].ids or {}).items():
             if (step is None or s == step) and (below is None or s < below):
-                where[s].setdefault(sid, u)
+                for sid in sids:
+                    where[s].setdefault(sid, u)
     seen: list[dict[str, Any]] = []  # manifests of saves that are not complete: they name stores too
     for s in sorted(where, reverse=True):
         for sid, u in where[s].items():
-            manifest = client(u).manifest(job, s)
+            manifest = client(u).manifest(job, s, sid)
             if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
                 raise NoSnapshotError(f"version {s} of job {job!r} is not a tenplex snapshot")
+            if manifest.get("save_id") not in (None, sid):  # saved again meanwhile: the next choice sees it
+                continue
             if all(answers.holds(u2, s, sid, manifest) for u2 in manifest.get("stores", [])):
                 return s, manifest
             seen.append(manifest)
@@ -243,8 +250,7 @@ def _lost_stores(
     save_id, incarnations = manifest.get("save_id"), manifest.get("incarnations", {})
     down: dict[str, str] = {}
     for url in sorted(set(old.mesh.hosts)):
-        a = answers[url]
-        if a.ids is not None and a.ids.get(step, ...) == save_id:
+        if answers[url].has(step, save_id):
             continue
         why = answers.lost(url, incarnations.get(url))
         if why:

@@ -8,6 +8,7 @@ import os
 import secrets
 import stat
 import string
+import tempfile
 
 from .logs import logger
 
@@ -72,13 +73,20 @@ def read_token(path: str | None, create: bool) -> str | None:
         return token_from_file(path)
     if not create:
         return None
-    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, mode=0o700, exist_ok=True)
     token = secrets.token_urlsafe(32)
+    # written whole beside it, then linked into place (atomic, never over an existing file): a process
+    # starting at the same moment finds no file or a whole token, never an empty one
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".token-")
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        os.chmod(tmp, 0o600)
+        os.link(tmp, path)
     except FileExistsError:  # another process created it first: use theirs
         return token_from_file(path)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
+    finally:
+        os.unlink(tmp)
     logger.info("wrote a new store token to %s", path)
     return token

@@ -447,6 +447,7 @@ def _doomed(lineage: Lineage, keep: int | None, protect: Protect | None) -> Line
     superseded = {id(v) for v in done if v is not anchor and steps[id(v)] == steps[id(anchor)]}
     others = [v for v in done if v is not anchor and id(v) not in superseded]
     newer = others if keep is None else others[len(others) - keep + 1 :]
-    kept = {id(v) for v in [anchor, *newer, *[v for v in others if v.complete][-1:]]}
+    complete = [v for v in done if v.complete and id(v) not in superseded]
+    kept = {id(v) for v in [anchor, *newer, *complete[-1:]]}
     return [(s, v) for s, v in lineage
             if (v.committed and id(v) not in kept) or (not v.committed and v.born < anchor.born)]  # fmt: skip

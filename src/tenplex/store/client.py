@@ -204,22 +204,9 @@ class StoreClient(DatasetClient):
         complete is kept in its place, and nothing committed goes while none is. The store applies the
         same to its copies on its replication targets. `replica_of`: only that store's copies here.
         Returns the deleted steps."""
-        return self.retain_info(job, keep, protect, replica_of)["deleted"]
-
-    def retain_info(
-        self,
-        job: str,
-        keep: int | None,
-        protect: tuple[int, str | None] | None = None,
-        replica_of: str | None = None,
-    ) -> dict[str, Any]:
-        """`retain`, answering `{deleted, replicas: {target URL: "ok" or "failed: ..."}}`."""
-        payload = {
-            "keep": keep,
-            "protect": None if protect is None else list(protect),
-            "replica_of": replica_of,
-        }
-        return self.request("POST", f"/v1/jobs/{check_job(job)}/retain", payload)
+        shield = None if protect is None else list(protect)
+        payload = {"keep": keep, "protect": shield, "replica_of": replica_of}
+        return self.request("POST", f"/v1/jobs/{check_job(job)}/retain", payload)["deleted"]
 
     def delete_copy(self, job: str, step: int, replica_of: str, save_id: str) -> bool:
         """Delete `replica_of`'s copy of save `save_id` here (a partial push); it is never recreated."""

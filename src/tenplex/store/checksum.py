@@ -7,7 +7,8 @@ import xxhash
 from ..ptc import Box
 from .errors import ChecksumError
 
-CHUNK = 1 << 20  # bytes per checksum; xxh3 hashes ~15 GB/s here, so a touched chunk costs ~70 µs
+CHUNK = 1 << 20  # bytes per checksum: a box touching a chunk hashes all of it (rate: `checksum_GBps`,
+# results/bench_reconfig.json, from `python benchmarks/bench_reconfig.py`)
 
 
 def digest(data: memoryview) -> int:

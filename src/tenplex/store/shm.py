@@ -308,9 +308,10 @@ class Arena:
 
         Why: a blob larger than every pooled file (a layout with fewer, bigger shards) would otherwise take
         fresh pages while the smaller files of the old layout sit unused; the pages a file frees right
-        before the new one is allocated are the ones it gets, already backed (on this virtual machine,
-        memory freed for a few seconds is handed back to the host, and its first touch then ran at
-        0.1-0.2 GB/s). Nobody maps a pooled file for reading and its name is never handed out again."""
+        before the new one is allocated are the ones it gets, already backed (on a virtual machine, memory
+        freed for a few seconds may go back to the host, and its first touch then costs far more than a
+        copy: `save_phases_first` in results/bench_reconfig.json). Nobody maps a pooled file for reading
+        and its name is never handed out again."""
         taken: list[tuple[str, mmap.mmap | bytearray]] = []
         while self._order and nbytes > 0:
             n = next(iter(self._order.values()))  # the oldest file overall is the oldest of its size

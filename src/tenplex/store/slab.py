@@ -71,7 +71,7 @@ class Slab:
             else:
                 os.posix_fallocate(fd, 0, nbytes)
                 # tmpfs hands out fallocated pages unzeroed and zeroes them at the first fault: that first
-                # touch is what costs (256 MiB of huge pages took 0.84 s here the first time, 0.2 ms after)
+                # touch is what costs (`save_phases_first` in results/bench_reconfig.json)
                 self.mem = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | _POPULATE)
         except OSError:
             os.close(fd)

@@ -130,8 +130,8 @@ def as_numpy(t: torch.Tensor) -> np.ndarray:
 def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
     """`dst.copy_(src)`, through numpy when both are on the CPU: one thread at memory speed whatever the
     caller's intra-op thread setting. torch's copy_ splits a copy over its OpenMP threads, which crawl when
-    the host's cores are taken (ranks x threads > cores): writing 0.3 GB of loaded state ran at 0.2-2 GB/s
-    with 2 threads on 2 busy cores and at 6-9 GB/s with 1."""
+    the host's cores are taken (ranks x threads > cores); the load's `write` phase in
+    `python benchmarks/bench_reconfig.py` (results/bench_reconfig.json) shows what it costs."""
     if dst.device.type == "cpu" and src.device.type == "cpu":
         np.copyto(as_numpy(dst), as_numpy(src), casting="no")
     else:

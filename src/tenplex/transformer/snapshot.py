@@ -116,7 +116,7 @@ def choose(
     over. StoresLostError when none is complete on the stores that answer but stores that may hold one
     are lost; StateError when the stores misbehave."""
     answers = Answers(job)
-    rec = jobrecord.read(job)  # the stores of the job's newest save are searched wherever it moved since
+    rec = answers.record  # the stores of the job's newest save are searched wherever it moved since
     urls = list(urls) + sorted(set(rec.stores) - set(urls)) if rec is not None else urls
     try:
         found, manifest = _newest(job, step, urls, below, answers)
@@ -161,6 +161,7 @@ class Answers(dict[str, Answer]):
     def __init__(self, job: str) -> None:
         super().__init__()
         self.job = job
+        self.record = jobrecord.read(job)  # read once per choice, like each store's answer
 
     def __missing__(self, url: str) -> Answer:
         c = client(url)
@@ -217,14 +218,14 @@ def _newest(
                 return s, manifest
             seen.append(manifest)
     what = f"step {step} of " if step is not None else (f"a step before {below} of " if below else "")
-    lost = _lost_anywhere(job, urls, seen, answers)
+    lost = _lost_anywhere(urls, seen, answers)
     if lost:
         raise StoresLostError(job, lost)
     raise NoSnapshotError(f"no committed version of {what}job {job!r} in stores {urls}")
 
 
-def _lost_anywhere(job: str, urls: list[str], seen: list[dict[str, Any]], answers: Answers) -> dict[str, str]:
-    """The stores that may hold a snapshot of `job` but cannot answer for it: those asked that do not
+def _lost_anywhere(urls: list[str], seen: list[dict[str, Any]], answers: Answers) -> dict[str, str]:
+    """The stores that may hold a snapshot of the job but cannot answer for it: those asked that do not
     answer, and those that the manifests found and the job's record name in an incarnation gone since."""
     lost = {u: answers[u].why for u in urls if answers[u].ids is None}
     for m in seen:
@@ -232,7 +233,7 @@ def _lost_anywhere(job: str, urls: list[str], seen: list[dict[str, Any]], answer
             why = answers.lost(u, m.get("incarnations", {}).get(u), f"the save of step {m.get('step')}")
             if why:
                 lost.setdefault(u, why)
-    rec = jobrecord.read(job)
+    rec = answers.record
     if rec is not None:
         for u, inc in sorted(rec.stores.items()):
             why = answers.lost(u, inc, f"the save of step {rec.step} ({rec.path})")

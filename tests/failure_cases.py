@@ -85,7 +85,8 @@ def main() -> None:
         def via_store_replica() -> dict:
             target = build(lay, rank, 2, True)
             info = tenplex.load(target, job="stages", process_group=pair)
-            return {"bad": check(target, 2), "lost": info.lost_stores, "source": info.source}
+            return {"bad": check(target, 2), "lost": info.lost_stores, "source": info.source,
+                    "replaced": info.replaced}  # fmt: skip
 
         out["dp_replicas"] = attempt(from_replicas)
         out["store_replica"] = attempt(via_store_replica)

@@ -57,10 +57,11 @@ def test_dp_replicas_on_a_surviving_host_serve_the_load(results):
 
 
 def test_store_replica_serves_a_stage_whose_host_died(results):
+    urls = results[-1]
     for r in range(2):
         res = results[r]["store_replica"]
         assert res.get("bad") == [] and res["source"] == "memory", res
-        assert res["lost"] == []  # B's blobs were found on C
+        assert res["lost"] == [urls["b"]] and res["replaced"] == {urls["b"]: urls["c"]}, res  # served by C
 
 
 def test_lost_boxes_are_named_and_the_durable_snapshot_takes_over(results):

@@ -24,6 +24,7 @@ from ..transformer import NoSnapshotError, SaveHandle, StoresLostError, jobrecor
 from ..transformer.stores import client, resolve
 from ..transformer.world import init_distributed
 from ..util import env
+from . import rounds
 from .records import Records
 from .spec import WorkerSpec, job_name
 
@@ -91,7 +92,7 @@ class ElasticJob:
         # what the phase runs, as the live view, the table and the plot name it: the layout the runtime
         # chose (the reference workload), else the one the script reports in `ready`, else the world size
         self.label = str(spec.layout) if spec and spec.layout else f"world{self.world}"
-        self.out = spec.out if spec else out
+        self.out = rounds.records_dir(spec.out if spec else out)
         self.records = Records(Path(self.out) / "worker.jsonl") if self.out and self.rank == 0 else None
         self._ledger: Records | None = None
         self.saved = -1  # the newest step this job committed that this process knows of
@@ -174,6 +175,7 @@ class ElasticJob:
             plan=info.plan_bytes,
             lost_stores=info.lost_stores,
             lost_why=info.lost_why,
+            replaced=info.replaced,
             phases=info.phases,
             layout=self.label,
             skipped=info.skipped,
@@ -213,12 +215,17 @@ class ElasticJob:
                 **({"ahead": True, "go_at": go_at} if self.ahead else {}),
                 **fields,
             )
+            if self.rank == 0:
+                rounds.mark_ready()
             self._last = time.perf_counter()
 
     def running(self, step: int) -> bool:
         """Whether to train step `step + 1`: all ranks get the same answer (one all-reduce)."""
         self.ready(step)
-        return step < self.until and not _stop_requested(self.stop_file)
+        going = not _stop_requested(self.stop_file) and step < self.until
+        if not going:
+            rounds.note_end(step >= self.until)
+        return going
 
     def step_done(self, step: int, state: State, *, loss: float, **metrics: Any) -> None:
         """Record the step; every `snapshot_every` steps snapshot `state` asynchronously (the step waits only
@@ -352,7 +359,9 @@ def _await_failure(fired: Path | None, step: int) -> None:
 
 
 def _stop_requested(path: str | None) -> bool:
-    """Rank 0 looks for the stop file; all ranks agree through one all-reduce, so they stop together."""
-    flag = _on_backend(torch.tensor([1.0 if path and dist.get_rank() == 0 and os.path.exists(path) else 0.0]))
+    """Rank 0 looks for the stop file, every rank kept by a `tenplex agent` asks its agent; all ranks agree
+    through one all-reduce, so they stop together."""
+    asked = bool(path and dist.get_rank() == 0 and os.path.exists(path)) or rounds.stop_asked()
+    flag = _on_backend(torch.tensor([1.0 if asked else 0.0]))
     dist.all_reduce(flag)
     return bool(flag.item())

@@ -31,7 +31,9 @@ def losses(records: list[dict[str, Any]]) -> dict[int, float]:
 
 def ledger(run_dir: Path) -> dict[str, Any]:
     """Check the samples every step consumed against the seeded order."""
-    phases = sorted((p for p in run_dir.glob("phase*") if p.is_dir()), key=lambda p: int(p.name[5:]))
+    phases = [p for p in run_dir.glob("phase*") if p.is_dir()]  # `tenplex run`'s phases, or an agent's rounds
+    phases = phases or [p for p in run_dir.glob("round*") if p.is_dir()]
+    phases.sort(key=lambda p: int(p.name[5:]))  # phaseN, roundN
     final: dict[int, list[int]] = {}
     runs: dict[int, int] = defaultdict(int)
     sampler_state = None

@@ -217,9 +217,15 @@ def json_body(payload: Any) -> bytes:
     return json.dumps(payload, separators=(",", ":")).encode()
 
 
+CONNECT_TIMEOUT_S = 5.0  # a host that answers connects in milliseconds; a lost one drops the SYN silently
+
+
 def connect(host: str, port: int, timeout: float) -> Conn:
+    """A TCP connection whose later reads and writes wait up to `timeout`; the connect itself waits at
+    most `CONNECT_TIMEOUT_S`, so a lost host costs a load seconds, not the request timeout per retry."""
     try:
-        sock = socket.create_connection((host, port), timeout=timeout)
+        sock = socket.create_connection((host, port), timeout=min(timeout, CONNECT_TIMEOUT_S))
+        sock.settimeout(timeout)
     except OSError as e:
         raise StoreUnavailable(f"cannot connect to {host}:{port}: {e}") from e
     return Conn(sock)

@@ -152,9 +152,10 @@ def load(
         moved,
         missing,
         unexpected,
-        snap.lost,
+        sorted(snap.why),  # every lost store, those a replica served (`replaced`) included
         phases=bd.as_dict(),
-        lost_why={u: snap.why[u] for u in snap.lost},
+        lost_why=dict(snap.why),
+        replaced=dict(snap.remap),
         skipped=skipped,
         plan_bytes={"kept": s.kept, "same_host": s.same_host, "relayed": s.relayed,
                     "cross_host": s.cross_host, "cross_host_lower_bound": s.cross_host_lower_bound},

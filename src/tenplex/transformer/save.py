@@ -76,6 +76,7 @@ def forget_groups() -> None:
     """Drop what this process keeps per process group: a process that runs a rank of another layout next
     has a new default group, and the old groups' gloo twins belong to a world that is gone."""
     _background.clear()
+    _pending.clear()  # a commit still under way belongs to that world: a new round never waits for it
     forget_layouts()
 
 

@@ -93,6 +93,9 @@ class LoadInfo:
     phases: dict[str, float] = field(default_factory=dict)  # seconds by phase (see `breakdown`)
     skipped: list[dict[str, Any]] = field(default_factory=list)  # newer snapshots that could not be read
     lost_why: dict[str, str] = field(default_factory=dict)  # lost store -> unreachable / unproven / restarted
+    # lost stores whose blobs of this save a replica store served (lost store -> replica): in `lost_stores`
+    # too, so the record of a recovery names every store it lost, served or not
+    replaced: dict[str, str] = field(default_factory=dict)
 
 
 def stamp(manifest: dict[str, Any]) -> None:
@@ -124,7 +127,7 @@ def choose(
         if check:
             sid = manifest.get("save_id")
             snap.why, snap.remap = _lost_stores(snap.ptc, job, found, manifest, answers)
-            snap.lost = sorted(snap.why)
+            snap.lost = sorted(set(snap.why) - set(snap.remap))
             check_blobs(snap.view, job, found, set(snap.lost), sid)
         return snap
     except StoreError as e:
@@ -245,9 +248,9 @@ def _lost_anywhere(urls: list[str], seen: list[dict[str, Any]], answers: Answers
 def _lost_stores(
     old: PTC, job: str, step: int, manifest: dict[str, Any], answers: Answers
 ) -> tuple[dict[str, str], dict[str, str]]:
-    """The old stores that cannot serve this save, with why; those whose blobs of this save a replica
-    store holds are remapped to it (a copy of another save of the step, with the same blob names, never
-    is)."""
+    """The old stores that cannot serve this save, with why (remapped ones too); those whose blobs of this
+    save a replica store holds are remapped to it (a copy of another save of the step, with the same blob
+    names, never is)."""
     save_id, incarnations = manifest.get("save_id"), manifest.get("incarnations", {})
     down: dict[str, str] = {}
     for url in sorted(set(old.mesh.hosts)):
@@ -271,7 +274,7 @@ def _lost_stores(
                 needed = {blob_name(r, s.tensor) for r in ranks for s in old.shards(r)}
                 if needed <= held:
                     remap[dead] = url
-    return {u: w for u, w in down.items() if u not in remap}, remap
+    return down, remap
 
 
 def check_blobs(view: PTC, job: str, step: int, lost: set[str], save_id: str | None = None) -> None:

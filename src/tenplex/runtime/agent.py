@@ -1,0 +1,411 @@
+"""`tenplex agent`: one per host, torch's elastic rendezvous for membership, workers kept across rounds.
+
+torchrun restarts every worker on every membership change (an interpreter, a torch import, the script's
+build, per worker). The agent keeps them: it starts (or attaches to) its host's store, forks its workers
+once (`runtime/worker.py`), and per rendezvous round tells each its rank, world size and master through a
+TCPStore on loopback. A change is noticed by any agent (a node waiting to join, an agent leaving, a worker
+whose collective broke because a host was lost, `tenplex stop`) and published in the rendezvous store;
+every worker stops at its next step boundary (its `ElasticJob.running` asks its agent), saves, destroys
+its group and waits in process while the agents form the next round. The round's stores come from the
+rendezvous, each agent's store replicates to the next agent's (a ring), so a lost host's newest snapshot
+has a copy elsewhere. Membership is torch's (`DynamicRendezvousHandler`, c10d or etcd), not tenplex's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from ..store import StoreError
+from ..store.client import StoreClient
+from ..store.process import StoreProcess, start_store
+from ..util import env, logs
+from .records import Records
+from .rounds import AgentError, Round, StoreEntry, has, job_key, known_stores, register_store
+from .worker import die_with_parent
+
+log = logs.get("agent")
+
+# c10d rendezvous settings unless --rdzv-conf says otherwise: torch's defaults (30 s last call, 5 s x 3
+# heartbeats) are made for restarting whole worker groups; here a round forms within ~1 s of a change
+RDZV_DEFAULTS = {
+    "last_call_timeout": "1",
+    "keep_alive_interval": "1",
+    "keep_alive_max_attempt": "3",
+    "join_timeout": "600",
+}
+PARK_TIMEOUT_S = 120.0  # a worker that neither parks nor dies this long after a change is killed, restarted
+LINGER_S = 120.0  # a leaving agent keeps its store this long at most, until the next round has loaded
+
+
+@dataclass
+class AgentConfig:
+    target: list[str]  # SCRIPT ARGS... or -m MODULE ARGS...
+    run_id: str
+    endpoint: str
+    min_nodes: int = 1
+    max_nodes: int = 1
+    nproc: int = 1
+    backend: str = "c10d"
+    max_restarts: int = 3
+    monitor_interval: float = 0.1
+    rdzv_conf: dict[str, str] = field(default_factory=dict)
+    store: str | None = None  # attach to this store instead of starting one
+    store_port: int = 7070
+    store_memory: str = "8GiB"
+    advertise: str = "127.0.0.1"  # this host's address as the other hosts reach it
+    replicas: int = 1
+    token_file: str | None = None
+    run_dir: str = "tenplex-agent"
+    keep_store: bool = False
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(cfg.run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.records = Records(self.run_dir / "agent.jsonl")
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.cmds = [0] * cfg.nproc  # commands sent to each slot's process
+        self.spawned = 0  # worker processes started (each gets its own inbox)
+        self.inbox = [""] * cfg.nproc
+        self.started: StoreProcess | None = None
+        self.leaving = False
+        self.restarts = 0
+        self.base: dist.Store | None = None
+
+    # -- the host's store and workers -------------------------------------------------------------
+
+    def _store(self) -> StoreEntry:
+        """Attach to `--store`, or to a store of an earlier agent on this port, or start one in a
+        session of its own (it outlives this agent: a restarted agent finds its snapshots there)."""
+        cfg = self.cfg
+        if cfg.token_file:
+            from ..store.auth import token_file
+
+            os.environ[env.STORE_TOKEN] = token_file(cfg.token_file) or ""
+        url = cfg.store or f"http://{cfg.advertise}:{cfg.store_port}"
+        try:
+            health = StoreClient(url).health()
+            self.records.write("store", url=url, attached=True, incarnation=health["incarnation"])
+        except StoreError:
+            if cfg.store:
+                raise AgentError(f"no store answers at --store {cfg.store}") from None
+            self.started = start_store(
+                cfg.store_port,
+                cfg.advertise,
+                cfg.store_memory,
+                cfg.token_file,
+                extra=["--advertise", url],
+                log=str(self.run_dir / "store.log"),
+            )
+            health = self.started.client().health()
+            self.records.write("store", url=url, attached=False, incarnation=health["incarnation"])
+        return StoreEntry(url, str(health["incarnation"]), cfg.advertise)
+
+    def _spawn(self, slot: int) -> subprocess.Popen[bytes]:
+        self.spawned += 1
+        self.inbox[slot] = f"{slot}.{self.spawned}"
+        environ = dict(
+            os.environ,
+            TENPLEX_AGENT=self.local_address,
+            TENPLEX_AGENT_SLOT=str(slot),
+            TENPLEX_AGENT_INBOX=self.inbox[slot],
+        )
+        environ.update(
+            LOCAL_RANK=str(slot), LOCAL_WORLD_SIZE=str(self.cfg.nproc), TORCHELASTIC_RUN_ID=self.cfg.run_id
+        )
+        out = open(self.run_dir / f"worker{slot}.log", "ab")  # noqa: SIM115 - the child holds it
+        cmd = [sys.executable, "-m", "tenplex.runtime.worker", *self.cfg.target]
+        proc = subprocess.Popen(
+            cmd,
+            env=environ,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
+        out.close()
+        self.cmds[slot] = 0
+        return proc
+
+    def _send(self, slot: int, cmd: dict[str, Any]) -> None:
+        self.local.set(f"cmd/{self.inbox[slot]}/{self.cmds[slot]}", json.dumps(cmd))
+        self.cmds[slot] += 1
+
+    # -- the rendezvous ---------------------------------------------------------------------------
+
+    def _handler(self) -> Any:
+        from torch.distributed.elastic.rendezvous import RendezvousParameters
+        from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # each round's rank 0 worker hosts its group
+        conf = {**(RDZV_DEFAULTS if self.cfg.backend == "c10d" else {}), **self.cfg.rdzv_conf}
+        params = RendezvousParameters(
+            self.cfg.backend,
+            self.cfg.endpoint,
+            self.cfg.run_id,
+            self.cfg.min_nodes,
+            self.cfg.max_nodes,
+            local_addr=self.cfg.advertise,
+            **conf,
+        )
+        try:
+            return get_rendezvous_handler(params)
+        except Exception as e:  # torch raises many kinds; the user gets one line
+            raise AgentError(f"rendezvous {self.cfg.backend} at {self.cfg.endpoint}: {e}") from None
+
+    def _rendezvous(self) -> tuple[Round, list[str]]:
+        """Join the next round; every agent's store entry and slots; the round's group master."""
+        t = time.time()
+        info = self.handler.next_rendezvous()
+        rs, node, nodes = info.store, info.rank, info.world_size
+        self.base = rs.underlying_store
+        run_id = self.cfg.run_id
+        register_store(self.base, run_id, self.entry)
+        rs.set(f"tenplex/node/{node}", json.dumps({"store": self.entry.to_json(), "nproc": self.cfg.nproc}))
+        if node == 0:
+            rs.set("tenplex/round", str(self.base.add(job_key(run_id, "rounds"), 1)))
+        members = [json.loads(rs.get(f"tenplex/node/{i}")) for i in range(nodes)]
+        number = int(rs.get("tenplex/round"))
+        entries = [StoreEntry.from_json(m["store"]) for m in members]
+        sizes = [int(m["nproc"]) for m in members]
+        boot = info.bootstrap_store_info
+        stores = [e.url for e in entries]
+        sources = env.url_list(env.SOURCES) or [e.url for e in known_stores(self.base, run_id)]
+        rnd = Round(
+            number,
+            node,
+            nodes,
+            sum(sizes[:node]),
+            sum(sizes),
+            f"{boot.master_addr}:{boot.master_port}",
+            self.entry.url,
+            stores,
+            sources,
+        )
+        self._ring(stores, nodes)
+        self.records.write(
+            "round",
+            round=number,
+            node=node,
+            nodes=nodes,
+            world=rnd.world,
+            stores=stores,
+            hosts=[e.host for e in entries],
+            rendezvous_s=time.time() - t,
+        )
+        return rnd, [e.host + "|" + e.url for e in entries]
+
+    def _ring(self, stores: list[str], nodes: int) -> None:
+        """This store copies each committed save to the next one of the round's stores (one copy by
+        default), so no single lost host takes the newest snapshot with it."""
+        replicas = min(self.cfg.replicas, nodes - 1)
+        try:
+            StoreClient(self.entry.url).set_peers(stores if replicas else [], replicas)
+        except StoreError as e:
+            raise AgentError(f"own store {self.entry.url}: {e}") from None
+
+    def _leave_rendezvous(self) -> None:
+        """Take this node out of the round's participants at once, so the others form their next round
+        without waiting for its heartbeats to expire (torch has no public call for it: its exit operation,
+        else the expiry)."""
+        try:
+            from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
+
+            h = self.handler
+            h._stop_heartbeats()
+            h._op_executor.run(_RendezvousExitOp(), time.monotonic() + 10)
+        except Exception as e:  # not a DynamicRendezvousHandler, or the store is gone
+            log.warning("left the rendezvous without telling it (%s); the others wait for the heartbeats", e)
+
+    # -- a round ----------------------------------------------------------------------------------
+
+    def _hand(self, rnd: Round) -> None:
+        for slot in range(self.cfg.nproc):
+            self._send(slot, {"kind": "round", "round": rnd.to_json(), "local_world": self.cfg.nproc})
+
+    def _ended(self, rnd: Round) -> dict[int, dict[str, Any]]:
+        """Workers whose round ended: parked with their outcome, or dead (their process exited)."""
+        out: dict[int, dict[str, Any]] = {}
+        for slot, proc in enumerate(self.procs):
+            key = f"parked/{rnd.number}/{slot}"
+            if has(self.local, key):
+                out[slot] = json.loads(self.local.get(key))
+            elif proc.poll() is not None:
+                out[slot] = {"outcome": "dead", "error": f"exit code {proc.returncode}"}
+        return out
+
+    def _request_change(self, rnd: Round, why: str) -> None:
+        assert self.base is not None
+        self.local.set(f"stop/{rnd.number}", why)
+        if not has(self.base, job_key(self.cfg.run_id, "change", rnd.number)):
+            self.base.set(job_key(self.cfg.run_id, "change", rnd.number), why)
+            self.records.write("change", round=rnd.number, why=why)
+
+    def _supervise(self, rnd: Round) -> str:
+        """Watch the round until it ends: "done", "stop" (tenplex stop), "leave" or "change"."""
+        assert self.base is not None
+        run_id, beat, loaded = self.cfg.run_id, 0.0, False
+        while True:
+            time.sleep(self.cfg.monitor_interval)
+            if time.monotonic() - beat > 1.0:
+                beat = time.monotonic()
+                self._status(rnd)
+            if not loaded and rnd.node_rank == 0 and has(self.local, f"ready/{rnd.number}"):
+                loaded = True  # a host that left may stop its store now
+                self.base.set(job_key(run_id, "loaded"), str(rnd.number))
+                self.records.write("loaded", round=rnd.number)
+            ended = self._ended(rnd)
+            if len(ended) == self.cfg.nproc and all(e["outcome"] == "done" for e in ended.values()):
+                return "done"
+            if self.leaving:
+                self._request_change(rnd, "leave")
+                return "leave"
+            if has(self.base, job_key(run_id, "stop")):
+                self.local.set(f"stop/{rnd.number}", "stop")
+                return "stop"
+            failed = [s for s, e in ended.items() if e["outcome"] in ("error", "dead")]
+            if failed:
+                self._request_change(rnd, f"worker {failed[0]}: {ended[failed[0]]['error']}")
+                return "change"
+            if ended or has(self.base, job_key(run_id, "change", rnd.number)):
+                self._request_change(rnd, "peer")
+                return "change"
+            if self.handler.num_nodes_waiting() > 0:
+                self._request_change(rnd, "join")
+                return "change"
+
+    def _park(self, rnd: Round) -> list[int]:
+        """Wait until every worker ended the round; restart those that died or hang. The slots whose
+        round failed (error, dead, hung)."""
+        deadline = time.monotonic() + PARK_TIMEOUT_S
+        while True:
+            ended = self._ended(rnd)
+            if len(ended) == self.cfg.nproc or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        failed = []
+        for slot, proc in enumerate(self.procs):
+            e = ended.get(slot, {"outcome": "hung"})
+            if e["outcome"] in ("dead", "hung"):
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+                self.procs[slot] = self._spawn(slot)
+            if e["outcome"] not in ("done", "stopped"):
+                failed.append(slot)
+                self.records.write("worker_failed", round=rnd.number, slot=slot, **e)
+        return failed
+
+    def _status(self, rnd: Round) -> None:
+        assert self.base is not None
+        status = {
+            "host": self.cfg.advertise,
+            "store": self.entry.url,
+            "round": rnd.number,
+            "node": rnd.node_rank,
+            "nodes": rnd.nodes,
+            "world": rnd.world,
+            "workers": [p.pid for p in self.procs],
+            "time": time.time(),
+        }
+        self.base.set(job_key(self.cfg.run_id, "agent", self.entry.url), json.dumps(status))
+
+    # -- the agent's life -------------------------------------------------------------------------
+
+    def run(self) -> int:
+        self._signals()
+        self.entry = self._store()
+        self.local = dist.TCPStore(
+            "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
+        )
+        self.local_address = f"127.0.0.1:{self.local.port}"
+        self.procs = [self._spawn(slot) for slot in range(self.cfg.nproc)]
+        self.handler = self._handler()
+        try:
+            return self._rounds()
+        finally:
+            self._end()
+
+    def _rounds(self) -> int:
+        rnd, members = self._rendezvous()
+        while True:
+            self._hand(rnd)
+            why = self._supervise(rnd)
+            if why == "leave":  # out of the rendezvous at once: the others' next round need not wait for us
+                self._leave_rendezvous()
+                self._park(rnd)
+                return self._leave(rnd)
+            if why in ("done", "stop"):
+                self._park(rnd)
+                if self.handler is not None:
+                    self.handler.shutdown()
+                self.records.write("end", why=why, round=rnd.number)
+                return 0
+            new, new_members = self._rendezvous()  # while the workers save: a round forms meanwhile
+            failed = self._park(rnd)
+            lost = [m for m in members if m not in new_members]
+            if failed and not lost:
+                self.restarts += 1
+                if self.restarts > self.cfg.max_restarts:
+                    self.records.write("end", why="max_restarts", round=rnd.number)
+                    self.handler.shutdown()
+                    log.error(
+                        "workers failed %d times (--max-restarts %d); see %s/worker*.log",
+                        self.restarts,
+                        self.cfg.max_restarts,
+                        self.run_dir,
+                    )
+                    return 1
+            rnd, members = new, new_members
+
+    def _leave(self, rnd: Round) -> int:
+        """A planned leave: the workers saved; they end, this node leaves the rendezvous, and the store
+        stays until the next round has loaded (its shards of the newest snapshot may be needed)."""
+        self.records.write("left", round=rnd.number)
+        deadline = time.monotonic() + LINGER_S
+        assert self.base is not None
+        key = job_key(self.cfg.run_id, "loaded")
+        while time.monotonic() < deadline:
+            try:
+                if has(self.base, key) and int(self.base.get(key)) > rnd.number:
+                    break
+            except RuntimeError:  # the rendezvous store is gone: nothing will load from here
+                break
+            time.sleep(0.1)
+        return 0
+
+    def _end(self) -> None:
+        for slot, proc in enumerate(self.procs):
+            if proc.poll() is None:
+                self._send(slot, {"kind": "exit"})
+        for proc in self.procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if self.started is not None and not self.cfg.keep_store:
+            self.started.stop()
+
+    def _signals(self) -> None:
+        def leave(signum: int, frame: object) -> None:
+            if self.leaving:  # a second signal: go now
+                raise KeyboardInterrupt
+            self.leaving = True
+            log.warning("leaving the job at the next step boundary (signal %d again: at once)", signum)
+
+        signal.signal(signal.SIGTERM, leave)
+        signal.signal(signal.SIGINT, leave)

@@ -8,6 +8,7 @@ one would be: the agent and its store SIGKILLed at once (its workers die with th
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -42,8 +43,11 @@ def c10d_unavailable() -> str | None:
 
 def environ(tmp: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env.update(PYTHONPATH=os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")]), TENPLEX_EMULATED_HOSTS="1",
-               TENPLEX_STATE_DIR=str(tmp / "state"))  # fmt: skip
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")]),
+        TENPLEX_EMULATED_HOSTS="1",
+        TENPLEX_STATE_DIR=str(tmp / "state"),
+    )
     env.pop("TENPLEX_STORE", None)
     env.pop("TENPLEX_SOURCES", None)
     return env
@@ -60,13 +64,37 @@ class Cluster:
 
     def start(self, name: str, port: int | None = None, extra: list[str] | None = None) -> subprocess.Popen:
         self.ports[name] = port or self.ports.get(name) or free_port()
-        cmd = [sys.executable, "-m", "tenplex.cli.main", "agent", "--nnodes", self.nodes, "--nproc-per-node",
-               str(self.nproc), "--rdzv-endpoint", self.endpoint, "--rdzv-id", self.job, "--store-port",
-               str(self.ports[name]), "--store-memory", "1GiB", "--run-dir", str(self.tmp / name),
-               *(extra or []), *self.target]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "tenplex.cli.main",
+            "agent",
+            "--nnodes",
+            self.nodes,
+            "--nproc-per-node",
+            str(self.nproc),
+            "--rdzv-endpoint",
+            self.endpoint,
+            "--rdzv-id",
+            self.job,
+            "--store-port",
+            str(self.ports[name]),
+            "--store-memory",
+            "1GiB",
+            "--run-dir",
+            str(self.tmp / name),
+            *(extra or []),
+            *self.target,
+        ]
         log = open(self.tmp / f"agent-{name}.log", "a")  # noqa: SIM115 - owned by the child
-        p = subprocess.Popen(cmd, env=environ(self.tmp), stdout=log, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, cwd=self.tmp)  # fmt: skip
+        p = subprocess.Popen(
+            cmd,
+            env=environ(self.tmp),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=self.tmp,
+        )
         log.close()
         self.agents[name] = p
         return p
@@ -120,7 +148,13 @@ def rounds(out: Path) -> list[dict[str, Any]]:
     found = []
     for d in sorted(out.glob("round*"), key=lambda p: int(p.name[5:])):
         recs = read_records(d / "worker.jsonl")[0] if (d / "worker.jsonl").exists() else []
-        r: dict[str, Any] = {"round": int(d.name[5:]), "start": None, "ready": None, "steps": [], "done": None}
+        r: dict[str, Any] = {
+            "round": int(d.name[5:]),
+            "start": None,
+            "ready": None,
+            "steps": [],
+            "done": None,
+        }
         for rec in recs:
             if rec["kind"] in ("fresh", "loaded"):
                 r["start"] = rec
@@ -142,7 +176,7 @@ def gaps(out: Path) -> list[dict[str, float]]:
     time (a step record is written when its step ends): the downtime as the job saw it."""
     rs = [r for r in rounds(out) if r["steps"]]
     out_ = []
-    for a, b in zip(rs, rs[1:]):
+    for a, b in itertools.pairwise(rs):
         step = b["steps"][1]["time"] - b["steps"][0]["time"] if len(b["steps"]) > 1 else 0.0
         gap = b["steps"][0]["time"] - a["steps"][-1]["time"] - step
         out_.append({"round": b["round"], "world": b["ready"]["world"], "downtime": gap})

@@ -26,9 +26,26 @@ TOLERANCE = 1e-4  # fp32 round-off of other layouts (tp/pp/dp sums in another or
 
 
 def _target(tmp, job: str, pace: float) -> list[str]:
-    return ["-m", "tenplex.runtime.elastic", "--model", "tiny", "--steps", str(STEPS), "--global-batch", "12",
-            "--job", job, "--snapshot-every", "2", "--min-step-seconds", str(pace), "--out", "out",
-            "--table", str(write_table(tmp))]  # fmt: skip
+    return [
+        "-m",
+        "tenplex.runtime.elastic",
+        "--model",
+        "tiny",
+        "--steps",
+        str(STEPS),
+        "--global-batch",
+        "12",
+        "--job",
+        job,
+        "--snapshot-every",
+        "2",
+        "--min-step-seconds",
+        str(pace),
+        "--out",
+        "out",
+        "--table",
+        str(write_table(tmp)),
+    ]
 
 
 def _static(tmp) -> dict[int, float]:
@@ -44,8 +61,11 @@ def _static(tmp) -> dict[int, float]:
 
 def _since(out, t: float, world: int) -> int:
     """Steps trained by rounds of `world` that started after `t`."""
-    return sum(len(r["steps"]) for r in rounds(out) if r["ready"] and r["ready"]["world"] == world
-               and r["start"]["time"] > t)  # fmt: skip
+    return sum(
+        len(r["steps"])
+        for r in rounds(out)
+        if r["ready"] and r["ready"]["world"] == world and r["start"]["time"] > t
+    )
 
 
 def test_agent_join_lose_rejoin_leave(tmp_path) -> None:
@@ -62,9 +82,22 @@ def test_agent_join_lose_rejoin_leave(tmp_path) -> None:
         c.wait("A to train alone", lambda: trained(out, 2) >= 4)
         c.start("B")
         c.wait("the 4-worker world to train", lambda: trained(out, 4) >= 3)
-        status = subprocess.run([sys.executable, "-m", "tenplex.cli.main", "status", "--rdzv-endpoint",
-                                 c.endpoint, "--rdzv-id", "elastic"], env=environ(tmp), capture_output=True,
-                                text=True, timeout=60)  # fmt: skip
+        status = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tenplex.cli.main",
+                "status",
+                "--rdzv-endpoint",
+                c.endpoint,
+                "--rdzv-id",
+                "elastic",
+            ],
+            env=environ(tmp),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         lost_at = c.lose("B")
         c.wait("A to recover alone", lambda: _since(out, lost_at, 2) >= 3)
         again = time.time()
@@ -75,7 +108,9 @@ def test_agent_join_lose_rejoin_leave(tmp_path) -> None:
     finally:
         c.close()
 
-    assert status.returncode == 0 and status.stdout.count("http://127.0.0.1:") >= 2, status.stdout + status.stderr
+    assert status.returncode == 0 and status.stdout.count("http://127.0.0.1:") >= 2, (
+        status.stdout + status.stderr
+    )
     rs = [r for r in rounds(out) if r["ready"]]
     worlds = [r["ready"]["world"] for r in rs]
     assert worlds[0] == 2 and 4 in worlds and worlds[-1] == 2, worlds
@@ -85,7 +120,7 @@ def test_agent_join_lose_rejoin_leave(tmp_path) -> None:
     a_pids = {tuple(sorted(r["ready"]["pids"]))[:2] for r in rs if r["ready"]["world"] == 2}
     assert len(a_pids) == 1, a_pids
     # the recovery after the loss names the lost store and loaded a snapshot no older than needed
-    recovered = [r for r in rs if r["start"]["time"] > lost_at][0]
+    recovered = next(r for r in rs if r["start"]["time"] > lost_at)
     b_url = f"http://127.0.0.1:{c.ports['B']}"
     assert b_url in recovered["start"]["lost_stores"], recovered["start"]
     before = max(s["step"] for r in rs if r["start"]["time"] < lost_at for s in r["steps"])

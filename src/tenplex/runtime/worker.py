@@ -90,8 +90,9 @@ def serve(target: list[str]) -> int:
     store = agent_store()
     assert store is not None
     store.set_timeout(timedelta(seconds=WAIT_S))
-    preload()  # what the script would import after the round formed, while this host waits to join
+    preload()  # what the script would import after the round formed, before this host joins
     freeze_imports()
+    store.set(f"warm/{inbox}", "1")
     n = 0
     while True:
         store.wait([f"cmd/{inbox}/{n}"])

@@ -538,14 +538,14 @@ def test_a_broken_manifest_is_caught(capsys, broken):
 
 def test_number_like_script_arguments_stay_strings(capsys):
     """go-yaml (kubectl) reads a bare 3e-4 or 0o17 as a number, which a command (strings) refuses."""
-    code, out, _ = run_cli(
-        capsys, *K8S, "--", "train.py", "--lr", "3e-4", "--n", "1e3", "--mask", "0o17", "2:3"
-    )
+    script = ["train.py", "--lr", "3e-4", "--n", "1e3", "--mask", "0o17", "2:3", "a,b", "[x]", "#c", "k: v"]
+    script.append("on")  # a YAML 1.1 boolean
+    code, out, _ = run_cli(capsys, *K8S, "--", *script)
     assert code == 0
-    for word in ("3e-4", "1e3", "0o17", "2:3"):
-        assert f"- '{word}'" in out
+    for word in ("3e-4", "1e3", "0o17", "2:3", "on"):
+        assert f"'{word}'" in out
     command = _pod(list(yaml.safe_load_all(out))[1])["containers"][0]["command"]
-    assert command[-8:] == ["train.py", "--lr", "3e-4", "--n", "1e3", "--mask", "0o17", "2:3"]
+    assert command[-len(script) :] == script
 
 
 def test_the_token_is_never_made_up_unless_asked(capsys, tmp_path):

@@ -327,7 +327,7 @@ def k8s_yaml(spec: K8sSpec, token: str | None = None) -> str:
         raise DeployError(
             "tenplex deploy k8s writes YAML with PyYAML (pip install 'tenplex[yaml]')"
         ) from None
-    body = yaml.dump_all(docs, Dumper=_dumper(yaml), sort_keys=False, default_flow_style=False, width=120)
+    body = yaml.dump_all(docs, Dumper=_dumper(yaml), sort_keys=False, default_flow_style=False, width=100)
     return "".join(f"# {line}".rstrip() + "\n" for line in _instructions(spec, token is not None)) + body
 
 
@@ -337,7 +337,8 @@ _NUMBER_LIKE = re.compile(r"[-+]?(\.\d+|\d[\d_]*(\.\d*)?)([eE][-+]?\d+)?|[-+]?0[
 
 
 def _dumper(yaml):
-    """PyYAML's safe dumper, quoting number-like strings and writing shared dicts out (no &anchors)."""
+    """PyYAML's safe dumper, quoting number-like strings, lists of strings in flow style (`[a, b]`) and
+    shared dicts written out (no &anchors)."""
 
     class Dumper(yaml.SafeDumper):
         def ignore_aliases(self, data: object) -> bool:
@@ -347,7 +348,12 @@ def _dumper(yaml):
         style = "'" if _NUMBER_LIKE.fullmatch(text) else None
         return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
 
+    def sequence(dumper: yaml.SafeDumper, items: list) -> object:
+        flow = bool(items) and all(isinstance(i, str) for i in items)  # a command on lines, not a word each
+        return dumper.represent_sequence("tag:yaml.org,2002:seq", items, flow_style=flow)
+
     Dumper.add_representer(str, string)
+    Dumper.add_representer(list, sequence)
     return Dumper
 
 

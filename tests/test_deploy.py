@@ -691,11 +691,20 @@ def test_a_fixed_size_sbatch_job_and_its_own_token_file(capsys, tmp_path):
     assert shlex.split(script.splitlines()[-1]) == ["-m", "pkg.train", "--steps", "10"]
 
 
+def test_an_sbatch_job_with_a_rendezvous_of_its_own(capsys, tmp_path):
+    script = slurm(capsys, "--nodes", "2", "--rdzv-host", "login-1.example.org", *SCRIPT)
+    assert "scontrol show" not in script
+    _, agent = run_batch(script, tmp_path)
+    args = parse_agent(["tenplex", *agent])
+    assert (args.rdzv_endpoint, args.rdzv_conf) == ("login-1.example.org:29400", "is_host=false")
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [(["--nodes", "0"], "at least 1 node"), (["--nodes", "3:1"], "MIN 3 is more than MAX 1"),
      (["--nodes", "2", "--partition", "gpu; rm -rf ~"], "not an sbatch value"),
-     (["--nodes", "2", "--memory", "4GiB"], "counts against the job's memory")],
+     (["--nodes", "2", "--memory", "4GiB"], "counts against the job's memory"),
+     (["--nodes", "2", "--rdzv-host", "$(reboot)"], "--rdzv-host '$(reboot)'")],
 )  # fmt: skip
 def test_bad_slurm_input_is_one_line_and_exit_2(capsys, args, message):
     code, out, err = run_cli(capsys, *SLURM, *args, *SCRIPT)

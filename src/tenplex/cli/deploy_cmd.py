@@ -62,6 +62,7 @@ def run_slurm(args: argparse.Namespace) -> int:
         cpus=args.cpus,
         memory=args.memory,
         token_file=args.token_file,
+        rdzv_host=args.rdzv_host,
     )
     _emit(sbatch_script(spec), args.output, private=False)
     return 0
@@ -133,6 +134,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--cpus", type=int, default=None, help="per node")
     s.add_argument(
         "--token-file", default=None, help="on the shared filesystem (default $HOME/.tenplex/NAME.token)"
+    )
+    s.add_argument(
+        "--rdzv-host", default=None, help="a host running `tenplex rendezvous` (default: the first node)"
     )
     _add_job_args(s)
     s.set_defaults(func=run_slurm)

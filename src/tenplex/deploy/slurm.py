@@ -18,6 +18,7 @@ from .agent import DeployError, JobSpec, check_size
 _ENDPOINT = '"$RDZV_HOST:$RDZV_PORT"'  # shell words the batch script expands (the rest is quoted)
 _TOKEN = '"$TOKEN_FILE"'
 _SBATCH_VALUE = re.compile(r"[A-Za-z0-9_.:,+\-]+")
+_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.\-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:]+\]")
 
 
 @dataclass
@@ -32,6 +33,7 @@ class SlurmSpec:
     cpus: int | None = None  # per node (the one task's)
     memory: str | None = None  # per node, a byte size
     token_file: str | None = None  # default $HOME/.tenplex/NAME.token
+    rdzv_host: str | None = None  # a host running `tenplex rendezvous`; default: the first node's agent
 
     def check(self) -> None:
         self.job.check()
@@ -56,6 +58,8 @@ class SlurmSpec:
                 )
         if self.token_file is not None and (not self.token_file or "\n" in self.token_file):
             raise DeployError("--token-file: expected a path on the shared filesystem")
+        if self.rdzv_host is not None and not _HOST.fullmatch(self.rdzv_host):
+            raise DeployError(f"--rdzv-host {self.rdzv_host!r}: expected a host name or address")
 
 
 def sbatch_script(spec: SlurmSpec) -> str:
@@ -73,9 +77,7 @@ def sbatch_script(spec: SlurmSpec) -> str:
         "",
         "# set up tenplex's environment here if the nodes need it (module load, source .venv/bin/activate)",
         "",
-        "# the rendezvous: served by the agent of the allocation's first node",
-        'RDZV_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
-        '[ -n "$RDZV_HOST" ] || { echo "tenplex: no node in SLURM_JOB_NODELIST" >&2; exit 1; }',
+        *_rendezvous(spec),
         f"RDZV_PORT={job.rdzv_port}",
         "# the stores' shared token: one file on the shared filesystem, made once, readable by you only",
         f"TOKEN_FILE=${{TENPLEX_TOKEN_FILE:-{token}}}",
@@ -90,6 +92,19 @@ def sbatch_script(spec: SlurmSpec) -> str:
         *_srun(spec, elastic),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _rendezvous(spec: SlurmSpec) -> list[str]:
+    if spec.rdzv_host:
+        return [
+            "# the rendezvous: `tenplex rendezvous` on a host outside the allocation",
+            f"RDZV_HOST={spec.rdzv_host}",
+        ]
+    return [
+        "# the rendezvous: served by the agent of the allocation's first node",
+        'RDZV_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
+        '[ -n "$RDZV_HOST" ] || { echo "tenplex: no node in SLURM_JOB_NODELIST" >&2; exit 1; }',
+    ]
 
 
 def _directives(spec: SlurmSpec, elastic: bool) -> list[str]:
@@ -112,7 +127,8 @@ def _directives(spec: SlurmSpec, elastic: bool) -> list[str]:
 
 def _srun(spec: SlurmSpec, elastic: bool) -> list[str]:
     """srun, one task per node, each `exec`ing the agent with its own hostname; the job's words quoted."""
-    agent = spec.job.agent_args(endpoint=_ENDPOINT, token_file=_TOKEN, advertise=None, rdzv_conf=None)
+    standalone = "is_host=false" if spec.rdzv_host else None  # `tenplex rendezvous` serves it
+    agent = spec.job.agent_args(endpoint=_ENDPOINT, token_file=_TOKEN, advertise=None, rdzv_conf=standalone)
     flags = [w if w in (_ENDPOINT, _TOKEN) else shlex.quote(w) for w in agent[2:]]
     srun = "srun --ntasks-per-node=1 --kill-on-bad-exit=0" + (" --no-kill" if elastic else "")
     head = 'bash -c \'exec tenplex agent --advertise "$(hostname)" "$@"\' tenplex-agent'

@@ -719,3 +719,39 @@ def test_dev_shm_is_the_store_memory_plus_the_headroom(capsys):
     assert size_limit("--store-memory", "1536MiB", "--shm-headroom", "0") == "1536Mi"
     assert size_limit("--store-memory", "10GB") == "10814201Ki"  # 10**10 + 2**30 bytes
     assert size_limit("--store-memory", "1000001") == str(1000001 + 2**30)  # no binary suffix fits: bytes
+
+
+DOC_COMMANDS = {  # the first line of an output block in docs/deploy.md -> the command that printed it
+    "# tenplex job gpt: elastic": ["--memory", "512GiB", "--cpu", "64"],
+    "# tenplex job gpt: JobSet": ["--kind", "jobset"],
+    "#!/bin/bash": None,
+}
+
+
+def test_the_docs_show_the_real_output_trimmed(capsys):
+    """Every line of docs/deploy.md's output blocks is in the command's output, in order (`...`: trimmed)."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "deploy.md").read_text()
+    blocks = {b.splitlines()[0]: b for b in re.findall(r"```(?:yaml|bash)\n(.*?)```", doc, re.S)}
+    gpt = [
+        "--name",
+        "gpt",
+        "--nodes",
+        "2:4",
+        "--nproc-per-node",
+        "8",
+        "--gpus",
+        "8",
+        "--store-memory",
+        "64GiB",
+    ]
+    for first, extra in DOC_COMMANDS.items():
+        block = next(b for line, b in blocks.items() if line.startswith(first))
+        if extra is None:
+            argv = ["deploy", "slurm", *gpt, "--partition", "gpu", "--time", "1-00:00:00"]
+        else:
+            argv = ["deploy", "k8s", *gpt, "--image", "ghcr.io/acme/gpt-train:1", *extra]
+        code, out, err = run_cli(capsys, *argv, "--", "train.py", "--config", "gpt.yaml")
+        assert code == 0, err
+        lines = iter(out.splitlines())
+        for line in block.splitlines():
+            assert line.strip() == "..." or line in lines, f"not in the output (or out of order): {line}"

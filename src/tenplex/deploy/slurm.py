@@ -1,9 +1,9 @@
 """A SLURM batch script for a tenplex job: one `tenplex agent` per node of the allocation, via srun.
 
 The rendezvous is hosted by the agent of the allocation's first node (torch's c10d backend: the agent whose
-host is the endpoint serves it); the stores' token is a file on the shared filesystem, made once and
-readable by its owner only, since every node's store must hold the same token and the stores refuse a
-token file that others can read.
+host is the endpoint serves it), or by a `tenplex rendezvous` outside it (`rdzv_host`). The stores' token
+is a file on the shared filesystem, made once and readable by its owner only, since every node's store
+must hold the same token and the stores refuse a token file that others can read.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ class SlurmSpec:
     rdzv_host: str | None = None  # a host running `tenplex rendezvous`; default: the first node's agent
 
     def check(self) -> None:
+        """The job's own checks, then what sbatch would refuse or the nodes could not hold."""
         self.job.check()
         for flag, value in (
             ("--partition", self.partition),

@@ -8,6 +8,7 @@ import signal
 import time
 from typing import Any
 
+from ..deploy.agent import parse_nodes
 from ..ptc import TenplexError
 
 RDZV_PORT = 29400
@@ -17,13 +18,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("agent", help="run this host's part of an elastic job (a torchrun replacement)")
     _rdzv_args(p)
     p.add_argument("--nnodes", default="1", help="MIN:MAX agents the job accepts (or N)")
-    p.add_argument(
-        "--nproc-per-node", "--nproc_per_node", dest="nproc", type=int, default=1, help="workers on this host"
-    )
+    p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1, help="workers on this host")
     p.add_argument(
         "--rdzv-backend",
         "--rdzv_backend",
-        dest="backend",
         default="c10d",
         choices=("c10d", "etcd", "etcd-v2"),
         help="torch's rendezvous backend (default c10d)",
@@ -31,7 +29,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--rdzv-conf",
         "--rdzv_conf",
-        dest="conf",
         default="",
         help="k=v,... for torch's rendezvous (e.g. last_call_timeout=1,is_host=false)",
     )
@@ -46,7 +43,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--monitor-interval",
         "--monitor_interval",
-        dest="interval",
         type=float,
         default=0.1,
         help="seconds between the agent's looks at its workers and the rendezvous",
@@ -71,8 +67,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run-dir", default=None, help="records and logs (default tenplex-agent-RDZV_ID)")
     p.add_argument("--keep-store", action="store_true", help="leave the store running when the job ends")
     p.add_argument("-m", "--module", action="store_true", help="run TARGET as a module (python -m)")
-    p.add_argument("target", metavar="TARGET", help="the training script (or module with -m)")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
+    p.add_argument("script", metavar="TARGET", help="the training script (or module with -m)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
     p.set_defaults(func=_agent)
 
     r = sub.add_parser("rendezvous", help="host a job's rendezvous endpoint apart from the agents")
@@ -93,22 +89,10 @@ def _rdzv_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--rdzv-endpoint",
         "--rdzv_endpoint",
-        dest="endpoint",
         default=f"127.0.0.1:{RDZV_PORT}",
         help=f"HOST:PORT of the rendezvous store (default 127.0.0.1:{RDZV_PORT})",
     )
-    p.add_argument("--rdzv-id", "--rdzv_id", dest="run_id", default="tenplex", help="the job's id")
-
-
-def _nodes(text: str) -> tuple[int, int]:
-    lo, _, hi = text.partition(":")
-    try:
-        low, high = int(lo), int(hi or lo)
-    except ValueError:
-        raise TenplexError(f"--nnodes: expected N or MIN:MAX, got {text!r}") from None
-    if not 1 <= low <= high:
-        raise TenplexError(f"--nnodes: need 1 <= MIN <= MAX, got {text!r}")
-    return low, high
+    p.add_argument("--rdzv-id", "--rdzv_id", default="tenplex", help="the job's id")
 
 
 def _conf(text: str) -> dict[str, str]:
@@ -124,28 +108,28 @@ def _conf(text: str) -> dict[str, str]:
 def _agent(args: argparse.Namespace) -> int:
     from ..runtime.agent import Agent, AgentConfig
 
-    if args.nproc < 1 or args.replicas < 0:
+    if args.nproc_per_node < 1 or args.replicas < 0:
         raise TenplexError("--nproc-per-node must be >= 1 and --replicas >= 0")
-    low, high = _nodes(args.nnodes)
-    target = (["-m"] if args.module else []) + [args.target, *args.args]
+    low, high = parse_nodes(args.nnodes)
+    target = (["-m"] if args.module else []) + [args.script, *args.script_args]
     cfg = AgentConfig(
         target=target,
-        run_id=args.run_id,
-        endpoint=args.endpoint,
+        run_id=args.rdzv_id,
+        endpoint=args.rdzv_endpoint,
         min_nodes=low,
         max_nodes=high,
-        nproc=args.nproc,
-        backend=args.backend,
+        nproc=args.nproc_per_node,
+        backend=args.rdzv_backend,
         max_restarts=args.max_restarts,
-        monitor_interval=args.interval,
-        rdzv_conf=_conf(args.conf),
+        monitor_interval=args.monitor_interval,
+        rdzv_conf=_conf(args.rdzv_conf),
         store=args.store,
         store_port=args.store_port,
         store_memory=args.store_memory,
         advertise=args.advertise,
         replicas=args.replicas,
         token_file=args.token_file,
-        run_dir=args.run_dir or f"tenplex-agent-{args.run_id}",
+        run_dir=args.run_dir or f"tenplex-agent-{args.rdzv_id}",
         keep_store=args.keep_store,
     )
     return Agent(cfg).run()
@@ -172,10 +156,10 @@ def _rendezvous(args: argparse.Namespace) -> int:
 def _job(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any]]]:
     from ..runtime.rounds import connect, get_json, has, job_key, known_stores
 
-    base = connect(args.endpoint, timeout=10)
+    base = connect(args.rdzv_endpoint, timeout=10)
     agents = []
-    for entry in known_stores(base, args.run_id):
-        key = job_key(args.run_id, "agent", entry.url)
+    for entry in known_stores(base, args.rdzv_id):
+        key = job_key(args.rdzv_id, "agent", entry.url)
         if has(base, key):
             agents.append({**get_json(base, key), "incarnation": entry.incarnation})
     return base, agents
@@ -186,7 +170,7 @@ def _status(args: argparse.Namespace) -> int:
 
     _, agents = _job(args)
     if not agents:
-        raise TenplexError(f"no agent of job {args.run_id!r} reported to {args.endpoint}")
+        raise TenplexError(f"no agent of job {args.rdzv_id!r} reported to {args.rdzv_endpoint}")
     now = time.time()
     rows = [
         [
@@ -202,7 +186,7 @@ def _status(args: argparse.Namespace) -> int:
     ]
     newest = max(a["round"] for a in agents)
     print_table(
-        f"job {args.run_id}: round {newest}",
+        f"job {args.rdzv_id}: round {newest}",
         ["host", "store", "incarnation", "round", "node", "world", "seen"],
         rows,
     )
@@ -213,6 +197,6 @@ def _stop(args: argparse.Namespace) -> int:
     from ..runtime.rounds import job_key
 
     base, agents = _job(args)
-    base.set(job_key(args.run_id, "stop"), json.dumps({"time": time.time()}))
-    print(f"job {args.run_id}: stop requested ({len(agents)} agents saw the job); they save and end")
+    base.set(job_key(args.rdzv_id, "stop"), json.dumps({"time": time.time()}))
+    print(f"job {args.rdzv_id}: stop requested ({len(agents)} agents saw the job); they save and end")
     return 0

@@ -14,7 +14,7 @@ from importlib import import_module
 from ..ptc import TenplexError
 
 # command modules in src/tenplex/cli/, each defining register(subparsers) -> None
-COMMANDS = ("plan_cmd", "store_cmd", "train_cmd", "inspect_cmd", "run_cmd", "agent_cmd")
+COMMANDS = ("plan_cmd", "store_cmd", "train_cmd", "inspect_cmd", "run_cmd", "agent_cmd", "deploy_cmd")
 
 
 class _Parser(argparse.ArgumentParser):

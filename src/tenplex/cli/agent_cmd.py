@@ -110,7 +110,7 @@ def _agent(args: argparse.Namespace) -> int:
 
     if args.nproc_per_node < 1 or args.replicas < 0:
         raise TenplexError("--nproc-per-node must be >= 1 and --replicas >= 0")
-    low, high = parse_nodes(args.nnodes)
+    low, high = parse_nodes(args.nnodes, "--nnodes")
     target = (["-m"] if args.module else []) + [args.script, *args.script_args]
     cfg = AgentConfig(
         target=target,

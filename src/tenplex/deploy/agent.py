@@ -22,16 +22,16 @@ class DeployError(TenplexError, ValueError):
     """A job that cannot be deployed as asked (reported as one line, exit code 2)."""
 
 
-def parse_nodes(text: str) -> tuple[int, int]:
+def parse_nodes(text: str, flag: str = "--nodes") -> tuple[int, int]:
     """`N` or `MIN:MAX` (torchrun's `--nnodes`) -> (min, max): the agents train on any count in between."""
     parts = text.split(":")
     if len(parts) > 2 or not all(p.strip().isdigit() for p in parts):
-        raise DeployError(f"--nodes {text!r}: expected N or MIN:MAX, e.g. 2:4")
+        raise DeployError(f"{flag} {text!r}: expected N or MIN:MAX, e.g. 2:4")
     lo, hi = int(parts[0]), int(parts[-1])
     if lo < 1:
-        raise DeployError(f"--nodes {text!r}: a job needs at least 1 node")
+        raise DeployError(f"{flag} {text!r}: a job needs at least 1 node")
     if lo > hi:
-        raise DeployError(f"--nodes {text!r}: MIN {lo} is more than MAX {hi}")
+        raise DeployError(f"{flag} {text!r}: MIN {lo} is more than MAX {hi}")
     return lo, hi
 
 

@@ -128,7 +128,8 @@ def start_store(
             f"store did not start (exit {proc.returncode}): {line[0] if line else 'timeout'}"
         )
     url = ready[0]
-    url = url if host in ("127.0.0.1", "localhost", "::1") else f"http://127.0.0.1:{url.rsplit(':', 1)[1]}"
+    if host in ("0.0.0.0", "::", ""):  # bound to every address: reached here on loopback
+        url = f"http://127.0.0.1:{url.rsplit(':', 1)[1]}"
     token = None
     if token_file:
         with open(token_file) as f:

@@ -1,0 +1,215 @@
+"""Agents of one job on this machine, each an emulated host: loopback (its own store port) or a network
+namespace (its own address and shaped NIC, `runtime/netns.py`). Tests and the agent benchmark drive
+them; the rendezvous endpoint runs apart from the agents (`tenplex rendezvous`), as on a cluster.
+
+A host is lost as a real one is: everything on it killed at once (the agent, its workers, its store).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+from ..util import free_port
+from . import netns
+from .records import read_records
+from .rounds import AgentError
+
+RDZV_PORT = 29400
+
+
+class Hosts:
+    """Emulated hosts: where a process runs and at which address the others reach it."""
+
+    def __init__(self, run_dir: Path, network: str = "loopback", gbps: float | None = None) -> None:
+        self.run_dir, self.network = run_dir, network
+        self.net = (
+            netns.Network(netns.prefix_for(str(run_dir.resolve())), gbps) if network == "netns" else None
+        )
+        self.procs: dict[str, list[subprocess.Popen]] = {}
+
+    def add(self, name: str, shaped: bool = True) -> str:
+        """The host's address (made on first use)."""
+        if self.net is None:
+            return "127.0.0.1"
+        return self.net.add_host(name, shaped).addr
+
+    def port(self, name: str, default: int) -> int:
+        """A port for a service of host `name`: the default in a namespace (every host has its own
+        ports), a free one on loopback (they share this machine's)."""
+        return default if self.net is not None else free_port()
+
+    def popen(self, name: str, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+        with open(log, "a") as out:
+            kw: dict[str, Any] = {"env": env, "stdout": out, "stderr": subprocess.STDOUT,
+                                  "stdin": subprocess.DEVNULL, "cwd": self.run_dir}  # fmt: skip
+            p = self.net.popen(name, argv, **kw) if self.net is not None else subprocess.Popen(argv, **kw)
+        self.procs.setdefault(name, []).append(p)
+        return p
+
+    def run(self, name: str, argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
+        """`argv` on host `name`, to its end (a command such as `tenplex status` reaches the job's
+        addresses only from inside the network)."""
+        argv = self.net.hosts[name].argv(argv) if self.net is not None else argv
+        return subprocess.run(argv, env=self.environ(), capture_output=True, text=True, timeout=timeout)
+
+    def environ(self) -> dict[str, str]:
+        env = dict(os.environ, TENPLEX_EMULATED_HOSTS="1", TENPLEX_STATE_DIR=str(self.run_dir / "state"))
+        if self.net is not None:
+            env["GLOO_SOCKET_IFNAME"] = netns.NIC  # gloo on the host's own interface
+        for name in ("TENPLEX_STORE", "TENPLEX_SOURCES"):
+            env.pop(name, None)
+        return env
+
+    def lose(self, name: str, extra: Sequence[int] = ()) -> float:
+        """Everything on host `name` killed at once (`extra`: its processes in sessions of their own on a
+        loopback host); when it happened."""
+        t = time.time()
+        if self.net is not None:
+            self.net.kill_host(name)
+        else:
+            for pid in [*(p.pid for p in self.procs.get(name, [])), *extra]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        for p in self.procs.pop(name, []):
+            p.wait()
+        return t
+
+    def close(self) -> None:
+        for procs in self.procs.values():
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        if self.net is not None:
+            self.net.close()
+
+
+class AgentJob:
+    """One job's agents on `hosts`: started, stopped (a planned leave), lost; the rendezvous apart."""
+
+    def __init__(self, hosts: Hosts, job: str, target: list[str], nodes: str = "1:2", nproc: int = 2,
+                 extra: Sequence[str] = ()) -> None:  # fmt: skip
+        self.hosts, self.job, self.target, self.nodes, self.nproc = hosts, job, target, nodes, nproc
+        self.extra = list(extra)
+        self.agents: dict[str, subprocess.Popen] = {}
+        self.stores: dict[str, int] = {}  # host -> store port
+        addr = hosts.add("rdzv", shaped=False)
+        port = hosts.port("rdzv", RDZV_PORT)
+        self.endpoint = f"{addr}:{port}"
+        cmd = [sys.executable, "-m", "tenplex.cli.main", "rendezvous", "--host", addr, "--port", str(port)]
+        self.rdzv = hosts.popen("rdzv", cmd, hosts.environ(), hosts.run_dir / "rendezvous.log")
+        _wait_for(lambda: "listening" in (hosts.run_dir / "rendezvous.log").read_text(), 30, "the rendezvous")
+
+    def start(self, name: str) -> subprocess.Popen:
+        addr = self.hosts.add(name)
+        self.stores.setdefault(name, self.hosts.port(name, 7070))
+        cmd = [sys.executable, "-m", "tenplex.cli.main", "agent", "--nnodes", self.nodes, "--nproc-per-node",
+               str(self.nproc), "--rdzv-endpoint", self.endpoint, "--rdzv-id", self.job, "--rdzv-conf",
+               "is_host=false", "--advertise", addr, "--store-port", str(self.stores[name]), "--store-memory",
+               "1GiB", "--run-dir", str(self.hosts.run_dir / name), *self.extra, *self.target]  # fmt: skip
+        p = self.hosts.popen(name, cmd, self.hosts.environ(), self.hosts.run_dir / f"agent-{name}.log")
+        self.agents[name] = p
+        return p
+
+    def store_url(self, name: str) -> str:
+        return f"http://{self.hosts.add(name)}:{self.stores[name]}"
+
+    def store_pid(self, name: str) -> int:
+        text = (self.hosts.run_dir / name / "store.log").read_text()
+        return int(text.rsplit("(pid ", 1)[1].split(")", 1)[0])
+
+    def leave(self, name: str, timeout: float = 120) -> int:
+        """A planned leave: SIGTERM; the agent's workers save at the next step boundary, and it ends."""
+        p = self.agents.pop(name)
+        p.send_signal(signal.SIGTERM)
+        return p.wait(timeout)
+
+    def lose(self, name: str) -> float:
+        self.agents.pop(name, None)
+        return self.hosts.lose(name, [self.store_pid(name)])
+
+    def wait(self, what: str, cond: Callable[[], bool], timeout: float = 150) -> None:
+        """Until `cond`; an agent that ended meanwhile, or the timeout, fails with the agents' logs."""
+        deadline = time.monotonic() + timeout
+        while not cond():
+            dead = {n: p.returncode for n, p in self.agents.items() if p.poll() is not None}
+            if dead or time.monotonic() > deadline:
+                logs = "\n".join(self._log(n)[-3000:] for n in self.agents)
+                raise AgentError(f"waiting for {what}: {dead or 'timeout'}\n{logs}")
+            time.sleep(0.1)
+
+    def _log(self, name: str) -> str:
+        return (self.hosts.run_dir / f"agent-{name}.log").read_text()
+
+    def close(self) -> None:
+        """Every agent told to go at once (SIGINT twice), then whatever is left killed; stores stopped."""
+        for name in list(self.agents):
+            p = self.agents.pop(name)
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+                p.send_signal(signal.SIGINT)
+                try:
+                    p.wait(20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        for log in self.hosts.run_dir.glob("*/store.log"):  # stores outlive their agents by design
+            with contextlib.suppress(ProcessLookupError, ValueError, IndexError):
+                os.kill(self.store_pid(log.parent.name), signal.SIGTERM)
+        self.rdzv.terminate()
+        self.rdzv.wait(10)
+
+
+def _wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AgentError(f"{what} did not start within {timeout:.0f} s")
+        time.sleep(0.05)
+
+
+# -- what the rounds recorded ---------------------------------------------------------------------------
+
+
+def rounds(out: Path) -> list[dict[str, Any]]:
+    """Each round's records (rank 0's `worker.jsonl` in `out/roundN`): start, ready, steps, done."""
+    found = []
+    for d in sorted(out.glob("round*"), key=lambda p: int(p.name[5:])):
+        recs = read_records(d / "worker.jsonl")[0] if (d / "worker.jsonl").exists() else []
+        r: dict[str, Any] = {"round": int(d.name[5:]), "start": None, "ready": None, "done": None}
+        r["steps"] = [rec for rec in recs if rec["kind"] == "step"]
+        for rec in recs:
+            if rec["kind"] in ("fresh", "loaded"):
+                r["start"] = rec
+            elif rec["kind"] in ("ready", "done"):
+                r[rec["kind"]] = rec
+        found.append(r)
+    return found
+
+
+def trained(out: Path, world: int, since: float = 0.0) -> int:
+    """Steps trained by rounds of this world size that started after `since`."""
+    return sum(len(r["steps"]) for r in rounds(out) if r["ready"] and r["ready"]["world"] == world
+               and r["start"]["time"] > since)  # fmt: skip
+
+
+def downtimes(out: Path) -> list[dict[str, Any]]:
+    """Per change: from the old round's last step record to the new round's first, less one step's
+    time (a step's record is written when it ends): the downtime as the job saw it."""
+    rs = [r for r in rounds(out) if r["steps"]]
+    found = []
+    for a, b in pairwise(rs):
+        step = b["steps"][1]["time"] - b["steps"][0]["time"] if len(b["steps"]) > 1 else 0.0
+        gap = b["steps"][0]["time"] - a["steps"][-1]["time"] - step
+        found.append({"round": b["round"], "world": b["ready"]["world"], "downtime": gap,
+                      "last_step": a["steps"][-1]["time"], "loaded": b["start"]})  # fmt: skip
+    return found

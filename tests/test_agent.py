@@ -148,3 +148,34 @@ def test_agent_refuses_bad_input_in_one_line(tmp_path) -> None:
                         (["--store", "http://127.0.0.1:9"], "no store answers")):  # fmt: skip
         p = _cli(hosts, "agent", "--run-dir", str(tmp_path / "r"), *args, "train.py")
         assert p.returncode == 2 and words in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
+
+
+def test_a_host_cut_off_is_dropped_and_the_job_goes_on(tmp_path) -> None:
+    """Namespace hosts: B's link goes down mid-round (no error reaches anyone: a collective with it would
+    wait forever). A's agent hears nothing from B's, ends the round, restarts the workers stuck in it,
+    and the job goes on alone from the newest snapshot, B's store counted lost."""
+    if netns.unavailable():
+        pytest.skip(netns.unavailable() or "")
+    hosts = Hosts(tmp_path, "netns", gbps=1.0)
+    job = AgentJob(hosts, "cut", _target(tmp_path, "cut", 0.3, steps=60))
+    out = tmp_path / "out"
+    try:
+        a = job.start("A")
+        job.start("B")
+        job.wait("the 4-worker world to train", lambda: trained(out, 4) >= 3)
+        assert hosts.net is not None
+        b_url, cut_at = job.store_url("B"), time.time()
+        hosts.net.partition("B")
+        job.agents.pop("B")
+        assert a.wait(240) == 0, (tmp_path / "agent-A.log").read_text()[-4000:]
+    finally:
+        job.close()
+        hosts.close()
+    rs = [r for r in rounds(out) if r["ready"]]
+    after = next(r for r in rs if r["start"]["time"] > cut_at)
+    assert after["ready"]["world"] == 2 and after["start"]["kind"] == "loaded", after["start"]
+    assert b_url in after["start"]["lost_stores"], after["start"]
+    assert rs[-1]["done"]["step"] == 60 and ledger(out)["ok"]
+    changes = [r for r in _records(tmp_path / "A") if r["kind"] == "change"]
+    assert any("fell silent" in c["why"] for c in changes), changes
+    print("cut off: downtime", [(d["world"], round(d["downtime"], 2)) for d in downtimes(out)])

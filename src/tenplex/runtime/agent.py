@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
+from torch.distributed.elastic.rendezvous import RendezvousError
 
 from ..store import StoreError
 from ..store.client import StoreClient
@@ -46,6 +47,7 @@ RDZV_DEFAULTS = {
 }
 POLL_S = 0.1  # how often a joining agent reads the rendezvous state (torch: every 1 s; see `_quicken`)
 PARK_TIMEOUT_S = 120.0  # a worker that neither parks nor dies this long after a change is killed, restarted
+LOST_PARK_S = 1.0  # the same after a host was cut off: a collective with it never ends, gloo cannot abort it
 LINGER_S = 120.0  # a leaving agent keeps its store this long at most, until the next round has loaded
 
 
@@ -85,6 +87,12 @@ class Agent:
         self.leaving = False
         self.restarts = 0
         self.base: dist.Store | None = None
+        self.heard: dict[str, tuple[Any, float]] = {}  # per member: what its agent last said, and when
+        self.lost_member = False  # the round ended because a member fell silent
+        self.marked = 0  # the newest round this agent marked loaded
+        self.last_stores: list[str] = []  # the stores of the round before
+        self.gone: set[str] = set()  # stores of hosts lost (not left)
+        self.silent_s = 3.0  # a member silent this long is lost (torch's heartbeat expiry, set in _handler)
 
     # -- the host's store and workers -------------------------------------------------------------
 
@@ -167,6 +175,8 @@ class Agent:
         os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # each round's rank 0 worker hosts its group
         conf = {**(RDZV_DEFAULTS if self.cfg.backend == "c10d" else {}), **self.cfg.rdzv_conf}
         poll = float(conf.pop("poll_interval", POLL_S))
+        beats = (conf.get("keep_alive_interval", "5"), conf.get("keep_alive_max_attempt", "3"))
+        self.silent_s = max(2.0, float(beats[0]) * float(beats[1]))
         params = RendezvousParameters(
             self.cfg.backend,
             self.cfg.endpoint,
@@ -191,6 +201,7 @@ class Agent:
         self.base = rs.underlying_store
         run_id = self.cfg.run_id
         register_store(self.base, run_id, self.entry)
+        self.base.delete_key(job_key(run_id, "left", self.entry.url))  # back on its port: a member again
         rs.set(f"tenplex/node/{node}", json.dumps({"store": self.entry.to_json(), "nproc": self.cfg.nproc}))
         if node == 0:
             rs.set("tenplex/round", str(self.base.add(job_key(run_id, "rounds"), 1)))
@@ -201,6 +212,7 @@ class Agent:
         boot = info.bootstrap_store_info
         stores = [e.url for e in entries]
         sources = env.url_list(env.SOURCES) or [e.url for e in known_stores(self.base, run_id)]
+        self._note_gone(stores)
         rnd = Round(
             number,
             node,
@@ -211,6 +223,7 @@ class Agent:
             self.entry.url,
             stores,
             sources,
+            sorted(self.gone),
         )
         self._ring(stores, nodes)
         self.records.write(
@@ -224,6 +237,17 @@ class Agent:
             rendezvous_s=time.time() - t,
         )
         return rnd, [e.host + "|" + e.url for e in entries]
+
+    def _note_gone(self, stores: list[str]) -> None:
+        """The stores of the last round's hosts that are not in this one and did not leave as planned:
+        their hosts were lost, so a load counts them lost without waiting on them (a store that left
+        stays a source to ask: it may hold the only copy of its shards until they are loaded)."""
+        assert self.base is not None
+        for url in self.last_stores:
+            if url not in stores and not has(self.base, job_key(self.cfg.run_id, "left", url)):
+                self.gone.add(url)
+        self.gone -= set(stores)  # a store back on its port is a new incarnation: asked again
+        self.last_stores = list(stores)
 
     def _ring(self, stores: list[str], nodes: int) -> None:
         """This store copies each committed save to the next one of the round's stores (one copy by
@@ -273,41 +297,70 @@ class Agent:
 
     def _supervise(self, rnd: Round) -> str:
         """Watch the round until it ends: "done", "stop" (tenplex stop), "leave" or "change"."""
-        assert self.base is not None
-        run_id, beat, loaded = self.cfg.run_id, 0.0, False
+        beat, self.heard = 0.0, {}
         while True:
             time.sleep(self.cfg.monitor_interval)
             if time.monotonic() - beat > 1.0:
                 beat = time.monotonic()
-                self._status(rnd)
-            if not loaded and rnd.node_rank == 0 and has(self.local, f"ready/{rnd.number}"):
-                loaded = True  # a host that left may stop its store now
-                self.base.set(job_key(run_id, "loaded"), str(rnd.number))
-                self.records.write("loaded", round=rnd.number)
-            ended = self._ended(rnd)
-            if len(ended) == self.cfg.nproc and all(e["outcome"] == "done" for e in ended.values()):
-                return "done"
-            if self.leaving:
-                self._request_change(rnd, "leave")
-                return "leave"
-            if has(self.base, job_key(run_id, "stop")):
-                self.local.set(f"stop/{rnd.number}", "stop")
-                return "stop"
-            failed = [s for s, e in ended.items() if e["outcome"] in ("error", "dead")]
-            if failed:
-                self._request_change(rnd, f"worker {failed[0]}: {ended[failed[0]]['error']}")
-                return "change"
-            if ended or has(self.base, job_key(run_id, "change", rnd.number)):
-                self._request_change(rnd, "peer")
-                return "change"
-            if self.handler.num_nodes_waiting() > 0:
-                self._request_change(rnd, "join")
-                return "change"
+                silent = self._beat(rnd)
+                if silent:
+                    self.lost_member = True  # its workers' peers may wait on it in a collective forever
+                    self._request_change(rnd, f"lost: the agent of {silent} fell silent")
+                    return "change"
+            why = self._why_end(rnd)
+            if why:
+                return why
+
+    def _why_end(self, rnd: Round) -> str | None:
+        assert self.base is not None
+        ended, run_id = self._ended(rnd), self.cfg.run_id
+        if len(ended) == self.cfg.nproc and all(e["outcome"] == "done" for e in ended.values()):
+            return "done"
+        if self.leaving:
+            self._request_change(rnd, "leave")
+            return "leave"
+        if has(self.base, job_key(run_id, "stop")):
+            self.local.set(f"stop/{rnd.number}", "stop")
+            return "stop"
+        failed = [s for s, e in ended.items() if e["outcome"] in ("error", "dead")]
+        if failed:
+            self._request_change(rnd, f"worker {failed[0]}: {ended[failed[0]]['error']}")
+            return "change"
+        if ended or has(self.base, job_key(run_id, "change", rnd.number)):
+            self._request_change(rnd, "peer")
+            return "change"
+        if self.handler.num_nodes_waiting() > 0:
+            self._request_change(rnd, "join")
+            return "change"
+        return None
+
+    def _beat(self, rnd: Round) -> str | None:
+        """Once a second: this agent's status; the round's loaded mark (node 0); the first member whose
+        agent said nothing for as long as torch's rendezvous takes to drop a node (a host cut off: its
+        workers' peers would wait on it in a collective, where no error comes)."""
+        assert self.base is not None
+        self._status(rnd)
+        if rnd.node_rank == 0 and self.marked < rnd.number and has(self.local, f"ready/{rnd.number}"):
+            self.marked = rnd.number  # the round's ranks loaded: a host that left may stop its store now
+            self.base.set(job_key(self.cfg.run_id, "loaded"), str(rnd.number))
+            self.records.write("loaded", round=rnd.number)
+        now = time.monotonic()
+        for url in rnd.stores:
+            if url == self.entry.url:
+                continue
+            said = self.base.get(job_key(self.cfg.run_id, "agent", url))
+            before = self.heard.get(url)
+            if before is None or before[0] != said:
+                self.heard[url] = (said, now)
+            elif now - before[1] > self.silent_s:
+                return url
+        return None
 
     def _park(self, rnd: Round) -> list[int]:
         """Wait until every worker ended the round; restart those that died or hang. The slots whose
         round failed (error, dead, hung)."""
-        deadline = time.monotonic() + PARK_TIMEOUT_S
+        deadline = time.monotonic() + (LOST_PARK_S if self.lost_member else PARK_TIMEOUT_S)
+        self.lost_member = False
         while True:
             ended = self._ended(rnd)
             if len(ended) == self.cfg.nproc or time.monotonic() > deadline:
@@ -354,6 +407,8 @@ class Agent:
         self.handler = self._handler()
         try:
             return self._rounds()
+        except (RuntimeError, RendezvousError) as e:  # the rendezvous store is gone, or cut off from here
+            raise AgentError(f"lost the rendezvous at {self.cfg.endpoint}: {e}") from None
         finally:
             self._end()
 
@@ -363,6 +418,8 @@ class Agent:
             self._hand(rnd)
             why = self._supervise(rnd)
             if why == "leave":  # out of the rendezvous at once: the others' next round need not wait for us
+                assert self.base is not None
+                self.base.set(job_key(self.cfg.run_id, "left", self.entry.url), "1")
                 self._leave_rendezvous()
                 self._park(rnd)
                 return self._leave(rnd)

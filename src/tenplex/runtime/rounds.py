@@ -65,6 +65,7 @@ class Round:
     store: str  # this agent's store
     stores: list[str]  # the round's stores, in node order (the replica ring)
     sources: list[str] = field(default_factory=list)  # every store a snapshot may be in, former ones too
+    gone: list[str] = field(default_factory=list)  # stores of hosts lost (not left): counted lost unasked
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -88,6 +89,7 @@ class Round:
             ROUND: str(self.number),
         }
         out[env.SOURCES] = ",".join(dict.fromkeys([*self.stores, *self.sources]))
+        out[env.LOST] = ",".join(self.gone)
         return out
 
 

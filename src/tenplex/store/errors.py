@@ -77,6 +77,7 @@ class StoreUnavailable(StoreError, ConnectionError):
 
     status = 503
     kind = "unavailable"
+    retry = True  # whether another try may get an answer (False: the host did not answer at all)
 
 
 _BY_KIND: dict[str, type[StoreError]] = {

@@ -8,6 +8,7 @@ of a raw socket (frameworks measured 0.1-0.9 GB/s here, raw Python sockets ~2.7 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import select
@@ -227,8 +228,15 @@ def connect(host: str, port: int, timeout: float) -> Conn:
         sock = socket.create_connection((host, port), timeout=min(timeout, CONNECT_TIMEOUT_S))
         sock.settimeout(timeout)
     except OSError as e:
-        raise StoreUnavailable(f"cannot connect to {host}:{port}: {e}") from e
+        error = StoreUnavailable(f"cannot connect to {host}:{port}: {e}")
+        # no answer at all (a lost or cut-off host): trying again costs the same wait for the same silence;
+        # a refused connection is retried (a store restarting on its port)
+        error.retry = not isinstance(e, TimeoutError) and e.errno not in _SILENT
+        raise error from e
     return Conn(sock)
+
+
+_SILENT = {errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN}
 
 
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid

@@ -279,7 +279,7 @@ class Transport:
             except StoreError as e:
                 if conn is not None:
                     conn.close()
-                if not isinstance(e, StoreUnavailable) or attempt == retries:
+                if not isinstance(e, StoreUnavailable) or attempt == retries or not e.retry:
                     raise
             except (OSError, Closed, ValueError, IndexError) as e:
                 if conn is not None:

@@ -16,6 +16,7 @@ from typing import Any
 from ..ptc import PTC, Mesh
 from ..ptc import values as value_codec
 from ..store import AuthError, StoreError, StoreUnavailable
+from ..util import env
 from . import jobrecord
 from .errors import NoSnapshotError, StateError, StoresLostError
 from .gathered import blob_name
@@ -167,6 +168,9 @@ class Answers(dict[str, Answer]):
         self.record = jobrecord.read(job)  # read once per choice, like each store's answer
 
     def __missing__(self, url: str) -> Answer:
+        if url in env.url_list(env.LOST):  # its host is gone: asking would only wait for silence
+            self[url] = Answer(None, why="unreachable: its host was lost (the runtime said so)")
+            return self[url]
         c = client(url)
         try:  # the listing first, then the incarnation: a restart in between shows as a new incarnation
             ids = c.committed_saves(self.job)

@@ -93,6 +93,35 @@ class Hosts:
             self.net.close()
 
 
+class Rendezvous:
+    """A job's rendezvous endpoint on a host of its own (`tenplex rendezvous`): no agent hosts it, so
+    any of them may come and go."""
+
+    def __init__(self, hosts: Hosts) -> None:
+        addr, port = hosts.add("rdzv", shaped=False), hosts.port("rdzv", RDZV_PORT)
+        self.endpoint = f"{addr}:{port}"
+        cmd = [sys.executable, "-m", "tenplex.cli.main", "rendezvous", "--host", addr, "--port", str(port)]
+        log = hosts.run_dir / "rendezvous.log"
+        self.proc = hosts.popen("rdzv", cmd, hosts.environ(), log)
+        wait_until("the rendezvous", lambda: "listening" in log.read_text(), {"rdzv": self.proc}, 30)
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def wait_until(what: str, cond: Callable[[], bool], procs: dict[str, subprocess.Popen], timeout: float,
+               logs: Callable[[str], str] = lambda name: "") -> None:  # fmt: skip
+    """Until `cond`; one of `procs` ending meanwhile, or the timeout, fails with their logs."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        dead = {n: p.returncode for n, p in procs.items() if p.poll() is not None}
+        if dead or time.monotonic() > deadline:
+            text = "\n".join(logs(n)[-3000:] for n in procs)
+            raise AgentError(f"waiting for {what}: {dead or 'timeout'}\n{text}")
+        time.sleep(0.1)
+
+
 class AgentJob:
     """One job's agents on `hosts`: started, stopped (a planned leave), lost; the rendezvous apart."""
 
@@ -102,12 +131,8 @@ class AgentJob:
         self.extra = list(extra)
         self.agents: dict[str, subprocess.Popen] = {}
         self.stores: dict[str, int] = {}  # host -> store port
-        addr = hosts.add("rdzv", shaped=False)
-        port = hosts.port("rdzv", RDZV_PORT)
-        self.endpoint = f"{addr}:{port}"
-        cmd = [sys.executable, "-m", "tenplex.cli.main", "rendezvous", "--host", addr, "--port", str(port)]
-        self.rdzv = hosts.popen("rdzv", cmd, hosts.environ(), hosts.run_dir / "rendezvous.log")
-        _wait_for(lambda: "listening" in (hosts.run_dir / "rendezvous.log").read_text(), 30, "the rendezvous")
+        self.rdzv = Rendezvous(hosts)
+        self.endpoint = self.rdzv.endpoint
 
     def start(self, name: str) -> subprocess.Popen:
         addr = self.hosts.add(name)
@@ -138,14 +163,7 @@ class AgentJob:
         return self.hosts.lose(name, [self.store_pid(name)])
 
     def wait(self, what: str, cond: Callable[[], bool], timeout: float = 150) -> None:
-        """Until `cond`; an agent that ended meanwhile, or the timeout, fails with the agents' logs."""
-        deadline = time.monotonic() + timeout
-        while not cond():
-            dead = {n: p.returncode for n, p in self.agents.items() if p.poll() is not None}
-            if dead or time.monotonic() > deadline:
-                logs = "\n".join(self._log(n)[-3000:] for n in self.agents)
-                raise AgentError(f"waiting for {what}: {dead or 'timeout'}\n{logs}")
-            time.sleep(0.1)
+        wait_until(what, cond, self.agents, timeout, self._log)
 
     def _log(self, name: str) -> str:
         return (self.hosts.run_dir / f"agent-{name}.log").read_text()
@@ -165,34 +183,37 @@ class AgentJob:
         for log in self.hosts.run_dir.glob("*/store.log"):  # stores outlive their agents by design
             with contextlib.suppress(ProcessLookupError, ValueError, IndexError):
                 os.kill(self.store_pid(log.parent.name), signal.SIGTERM)
-        self.rdzv.terminate()
-        self.rdzv.wait(10)
-
-
-def _wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AgentError(f"{what} did not start within {timeout:.0f} s")
-        time.sleep(0.05)
+        self.rdzv.close()
 
 
 # -- what the rounds recorded ---------------------------------------------------------------------------
 
 
 def rounds(out: Path) -> list[dict[str, Any]]:
-    """Each round's records (rank 0's `worker.jsonl` in `out/roundN`): start, ready, steps, done."""
-    found = []
-    for d in sorted(out.glob("round*"), key=lambda p: int(p.name[5:])):
-        recs = read_records(d / "worker.jsonl")[0] if (d / "worker.jsonl").exists() else []
-        r: dict[str, Any] = {"round": int(d.name[5:]), "start": None, "ready": None, "done": None}
-        r["steps"] = [rec for rec in recs if rec["kind"] == "step"]
-        for rec in recs:
-            if rec["kind"] in ("fresh", "loaded"):
-                r["start"] = rec
-            elif rec["kind"] in ("ready", "done"):
-                r[rec["kind"]] = rec
-        found.append(r)
+    """Each round's records (rank 0's `worker.jsonl` in `out/roundN` under agents; under torchrun, one
+    `out/worker.jsonl` whose starts begin with `fresh` or `loaded`): start, ready, steps, done."""
+    dirs = sorted(out.glob("round*"), key=lambda p: int(p.name[5:]))
+    if not dirs:
+        return _split(_records(out / "worker.jsonl"))
+    return [dict(r, round=int(d.name[5:])) for d in dirs for r in _split(_records(d / "worker.jsonl"))[:1]]
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    return read_records(path)[0] if path.exists() else []
+
+
+def _split(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    for rec in recs:
+        if rec["kind"] in ("fresh", "loaded") or not found:
+            found.append({"round": len(found) + 1, "start": None, "ready": None, "done": None, "steps": []})
+        r = found[-1]
+        if rec["kind"] in ("fresh", "loaded"):
+            r["start"] = rec
+        elif rec["kind"] in ("ready", "done"):
+            r[rec["kind"]] = rec
+        elif rec["kind"] == "step":
+            r["steps"].append(rec)
     return found
 
 

@@ -105,6 +105,8 @@ class Torchrun:
         self.port = {n: hosts.port(n, 7070) for n in ("A", "B")}
         self.urls = {n: f"http://{self.addr[n]}:{self.port[n]}" for n in ("A", "B")}
         self.stores: dict[str, subprocess.Popen] = {}
+        for name in self.urls:  # the recipe: a store per host, running before its agent (a source
+            self._store(name)  # that does not answer is a lost store, not an empty one)
 
     def _store(self, name: str) -> None:
         if name in self.stores and self.stores[name].poll() is None:

@@ -232,6 +232,24 @@ def on_device(doc: dict) -> str:
     return "\n" + "; ".join(facts) + ".\n"
 
 
+def times_x(name: str) -> Cell:
+    return lambda row: "–" if row.get(name) is None else f"{row[name]:.1f}×"
+
+
+def agent_after(doc: dict) -> str:
+    """Under the agent's table: what was compared, on which hosts."""
+    where = (
+        f"namespace hosts, {doc['nic_gbps']:g} Gbit/s NICs"
+        if doc.get("network") == "netns"
+        else "loopback hosts"
+    )
+    return (f"\nOn {where}, {doc.get('pace_s', 0):g} s steps. Agent and torchrun: from the old round's last "
+            "step to the new round's first, less one step; `tenplex run`: its own accounting of the same "
+            "four changes (one machine's runtime, ranks started ahead). A lost host's downtime includes the "
+            "failure detection (torch's rendezvous drops a node after 3 s without heartbeats), shown apart "
+            "for the agent.\n")  # fmt: skip
+
+
 TABLES: dict[str, Table] = {
     "demo": Table(
         "demo.json",
@@ -348,14 +366,6 @@ TABLES: dict[str, Table] = {
             "x_cross_bound x_load_bound nic_gbps_measured"
         ),
     ),
-    "reconfig-netns-target": Table(
-        "bench_reconfig_netns.json",
-        f"sudo -E {RECONFIG} --network netns",
-        plain(
-            "change hosts total_s central_total_s x_central x_central_load "
-            "cross_s cross_bound_s x_cross_bound"
-        ),
-    ),
     "snapshot": Table("bench_snapshot.json", "python benchmarks/bench_snapshot.py", SNAPSHOT),
     "snapshot-cuda": Table(
         "bench_snapshot_cuda.json",
@@ -377,6 +387,20 @@ TABLES: dict[str, Table] = {
             "x_floor first_total_s x_dcp_shm_first"
         ),
         after=reconfig_after,
+    ),
+    "agent": Table(
+        "bench_agent.json",
+        "python benchmarks/bench_agent.py",
+        (
+            ("change", key("change")),
+            ("tenplex agent (s)", key("agent_s", lambda v: num(v, 2))),
+            ("torchrun (s)", key("torchrun_s", lambda v: num(v, 2))),
+            ("torchrun / agent", times_x("x_torchrun")),
+            ("tenplex run (s)", key("tenplex_run_s", lambda v: num(v, 2))),
+            ("of it: detection (s)", key("detect_s", lambda v: num(v, 2))),
+            ("after detection (s)", key("after_detect_s", lambda v: num(v, 2))),
+        ),
+        after=agent_after,
     ),
     "train": Table(
         "bench_train_small.json",

@@ -26,6 +26,7 @@ from tenplex.runtime.report import ledger
 pytestmark = pytest.mark.dist
 
 STEPS = 90
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "elastic_charlm.py"
 TOLERANCE = 1e-4  # fp32 round-off of other layouts (tp/pp/dp sums in another order), over the run
 TABLE = {"2": {"dp": 1, "tp": 1, "pp": 2}, "4": {"dp": 2, "tp": 2, "pp": 1}}  # a change moves tp and pp
 
@@ -179,3 +180,56 @@ def test_a_host_cut_off_is_dropped_and_the_job_goes_on(tmp_path) -> None:
     changes = [r for r in _records(tmp_path / "A") if r["kind"] == "change"]
     assert any("fell silent" in c["why"] for c in changes), changes
     print("cut off: downtime", [(d["world"], round(d["downtime"], 2)) for d in downtimes(out)])
+
+
+def _charlm(steps: int) -> list[str]:
+    return [str(EXAMPLE), "--job", "charlm", "--steps", str(steps), "--global-batch", "24", "--out", "out"]
+
+
+def test_a_users_fsdp2_script_under_agents(tmp_path) -> None:
+    """examples/elastic_charlm.py (FSDP2 over every rank, the exactly-once sampler) through a join, an agent
+    restarted on its host (its store survives and is attached again), a lost host and `tenplex stop`;
+    then the same steps on one host: equal losses, every sample once."""
+    hosts = Hosts(tmp_path)
+    job = AgentJob(hosts, "charlm", _charlm(100_000))
+    out = tmp_path / "out"
+    try:
+        a = job.start("A")
+        job.wait("A alone", lambda: trained(out, 2) >= 20)
+        job.start("B")
+        job.wait("world 4", lambda: trained(out, 4) >= 20)
+        store_pid, restarted = job.store_pid("B"), time.time()
+        job.agents.pop("B").kill()  # the agent alone dies (its workers with it); its store stays
+        job.start("B")
+        job.wait("world 4 again", lambda: trained(out, 4, since=restarted) >= 20)
+        assert job.store_pid("B") == store_pid  # the same store, attached again
+        lost = job.lose("B")
+        job.wait("world 2 after the loss", lambda: trained(out, 2, since=lost) >= 20)
+        assert _cli(hosts, "stop", "--rdzv-endpoint", job.endpoint, "--rdzv-id", "charlm").returncode == 0
+        assert a.wait(60) == 0
+    finally:
+        job.close()
+        hosts.close()
+    rs = [r for r in rounds(out) if r["ready"]]
+    assert [r["start"]["kind"] for r in rs] == ["fresh"] + ["loaded"] * (len(rs) - 1)
+    last = rs[-1]["done"]["step"]
+    losses = {s["step"]: s["loss"] for r in rs for s in r["steps"]}
+    check = ledger(out)
+    assert check["ok"] and check["steps"] == last, check
+    static_dir = tmp_path / "static"
+    static_dir.mkdir()
+    one, solo = Hosts(static_dir), None
+    try:
+        solo = AgentJob(one, "charlm-static", _charlm(last), nodes="1")
+        assert solo.start("A").wait(300) == 0
+    finally:
+        if solo is not None:
+            solo.close()
+        one.close()
+    static = {s["step"]: s["loss"] for r in rounds(static_dir / "out") for s in r["steps"]}
+    worst = max(abs(losses[k] - static[k]) for k in range(1, last + 1))
+    assert worst <= TOLERANCE, worst
+    attached = [r for r in _records(tmp_path / "B") if r["kind"] == "store"]
+    assert [r["attached"] for r in attached] == [False, True], attached
+    print("charlm: downtime per change", [(d["world"], round(d["downtime"], 2)) for d in downtimes(out)],
+          "worst loss difference", worst)  # fmt: skip

@@ -16,11 +16,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,21 +28,13 @@ from ..store import StoreError
 from ..store.client import StoreClient
 from ..store.process import StoreProcess, start_store
 from ..util import env, logs
+from . import rendezvous
 from .records import Records
 from .rounds import AgentError, Round, StoreEntry, has, job_key, known_stores, register_store
-from .worker import die_with_parent
+from .workers import Workers
 
 log = logs.get("agent")
 
-# c10d rendezvous settings unless --rdzv-conf says otherwise: torch's defaults (30 s last call, 5 s x 3
-# heartbeats) are made for restarting whole worker groups; here a round forms within ~1 s of a change
-RDZV_DEFAULTS = {
-    "last_call_timeout": "1",
-    "keep_alive_interval": "1",
-    "keep_alive_max_attempt": "3",
-    "join_timeout": "600",
-}
-POLL_S = 0.1  # how often a joining agent reads the rendezvous state (torch: every 1 s; see `_quicken`)
 PARK_TIMEOUT_S = 120.0  # a worker that neither parks nor dies this long after a change is killed, restarted
 LOST_PARK_S = 1.0  # the same after a host was cut off: a collective with it never ends, gloo cannot abort it
 LINGER_S = 120.0  # a leaving agent keeps its store this long at most, until the next round has loaded
@@ -74,15 +63,13 @@ class AgentConfig:
 
 
 class Agent:
+    workers: Workers  # made in `run`
+
     def __init__(self, cfg: AgentConfig) -> None:
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.records = Records(self.run_dir / "agent.jsonl")
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.cmds = [0] * cfg.nproc  # commands sent to each slot's process
-        self.spawned = 0  # worker processes started (each gets its own inbox)
-        self.inbox = [""] * cfg.nproc
         self.started: StoreProcess | None = None
         self.leaving = False
         self.restarts = 0
@@ -92,7 +79,7 @@ class Agent:
         self.marked = 0  # the newest round this agent marked loaded
         self.last_stores: list[str] = []  # the stores of the round before
         self.gone: set[str] = set()  # stores of hosts lost (not left)
-        self.silent_s = 3.0  # a member silent this long is lost (torch's heartbeat expiry, set in _handler)
+        self.silent_s = 3.0  # a member silent this long is lost (torch's heartbeat expiry, set in run)
 
     # -- the host's store and workers -------------------------------------------------------------
 
@@ -123,75 +110,7 @@ class Agent:
             self.records.write("store", url=url, attached=False, incarnation=health["incarnation"])
         return StoreEntry(url, str(health["incarnation"]), cfg.advertise)
 
-    def _spawn(self, slot: int) -> subprocess.Popen[bytes]:
-        self.spawned += 1
-        self.inbox[slot] = f"{slot}.{self.spawned}"
-        environ = dict(
-            os.environ,
-            TENPLEX_AGENT=self.local_address,
-            TENPLEX_AGENT_SLOT=str(slot),
-            TENPLEX_AGENT_INBOX=self.inbox[slot],
-        )
-        environ.update(
-            LOCAL_RANK=str(slot), LOCAL_WORLD_SIZE=str(self.cfg.nproc), TORCHELASTIC_RUN_ID=self.cfg.run_id
-        )
-        out = open(self.run_dir / f"worker{slot}.log", "ab")  # noqa: SIM115 - the child holds it
-        cmd = [sys.executable, "-m", "tenplex.runtime.worker", *self.cfg.target]
-        proc = subprocess.Popen(
-            cmd,
-            env=environ,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-        )
-        out.close()
-        self.cmds[slot] = 0
-        return proc
-
-    def _warm(self) -> None:
-        """Join only with workers that imported what a rank needs: a host that joins stops the job's
-        workers at once, and its own would otherwise spend that downtime importing torch."""
-        t = time.time()
-        while not all(has(self.local, f"warm/{box}") for box in self.inbox):
-            dead = [slot for slot, p in enumerate(self.procs) if p.poll() is not None]
-            if dead:
-                log_file = self.run_dir / f"worker{dead[0]}.log"
-                raise AgentError(f"worker {dead[0]} ended before its first round; see {log_file}")
-            time.sleep(0.02)
-        self.records.write("warm", seconds=time.time() - t)
-
-    def _send(self, slot: int, cmd: dict[str, Any]) -> None:
-        self.local.set(f"cmd/{self.inbox[slot]}/{self.cmds[slot]}", json.dumps(cmd))
-        self.cmds[slot] += 1
-
     # -- the rendezvous ---------------------------------------------------------------------------
-
-    def _handler(self) -> Any:
-        from torch.distributed.elastic.rendezvous import RendezvousParameters
-        from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
-
-        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # each round's rank 0 worker hosts its group
-        conf = {**(RDZV_DEFAULTS if self.cfg.backend == "c10d" else {}), **self.cfg.rdzv_conf}
-        poll = float(conf.pop("poll_interval", POLL_S))
-        beats = (conf.get("keep_alive_interval", "5"), conf.get("keep_alive_max_attempt", "3"))
-        self.silent_s = max(2.0, float(beats[0]) * float(beats[1]))
-        params = RendezvousParameters(
-            self.cfg.backend,
-            self.cfg.endpoint,
-            self.cfg.run_id,
-            self.cfg.min_nodes,
-            self.cfg.max_nodes,
-            local_addr=self.cfg.advertise,
-            **conf,
-        )
-        try:
-            handler = get_rendezvous_handler(params)
-        except Exception as e:  # torch raises many kinds; the user gets one line
-            raise AgentError(f"rendezvous {self.cfg.backend} at {self.cfg.endpoint}: {e}") from None
-        _quicken(handler, poll)
-        return handler
 
     def _rendezvous(self) -> tuple[Round, list[str]]:
         """Join the next round; every agent's store entry and slots; the round's group master."""
@@ -258,39 +177,9 @@ class Agent:
         except StoreError as e:
             raise AgentError(f"own store {self.entry.url}: {e}") from None
 
-    def _leave_rendezvous(self) -> None:
-        """Take this node out of the round's participants at once, so the others form their next round
-        without waiting for its heartbeats to expire (torch has no public call for it: its exit operation,
-        else the expiry)."""
-        try:
-            from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
-
-            h = self.handler
-            h._stop_heartbeats()
-            h._op_executor.run(_RendezvousExitOp(), time.monotonic() + 10)
-        except Exception as e:  # not a DynamicRendezvousHandler, or the store is gone
-            log.warning("left the rendezvous without telling it (%s); the others wait for the heartbeats", e)
-
-    # -- a round ----------------------------------------------------------------------------------
-
-    def _hand(self, rnd: Round) -> None:
-        for slot in range(self.cfg.nproc):
-            self._send(slot, {"kind": "round", "round": rnd.to_json(), "local_world": self.cfg.nproc})
-
-    def _ended(self, rnd: Round) -> dict[int, dict[str, Any]]:
-        """Workers whose round ended: parked with their outcome, or dead (their process exited)."""
-        out: dict[int, dict[str, Any]] = {}
-        for slot, proc in enumerate(self.procs):
-            key = f"parked/{rnd.number}/{slot}"
-            if has(self.local, key):
-                out[slot] = json.loads(self.local.get(key))
-            elif proc.poll() is not None:
-                out[slot] = {"outcome": "dead", "error": f"exit code {proc.returncode}"}
-        return out
-
     def _request_change(self, rnd: Round, why: str) -> None:
         assert self.base is not None
-        self.local.set(f"stop/{rnd.number}", why)
+        self.workers.stop(rnd, why)
         if not has(self.base, job_key(self.cfg.run_id, "change", rnd.number)):
             self.base.set(job_key(self.cfg.run_id, "change", rnd.number), why)
             self.records.write("change", round=rnd.number, why=why)
@@ -313,14 +202,14 @@ class Agent:
 
     def _why_end(self, rnd: Round) -> str | None:
         assert self.base is not None
-        ended, run_id = self._ended(rnd), self.cfg.run_id
+        ended, run_id = self.workers.ended(rnd), self.cfg.run_id
         if len(ended) == self.cfg.nproc and all(e["outcome"] == "done" for e in ended.values()):
             return "done"
         if self.leaving:
             self._request_change(rnd, "leave")
             return "leave"
         if has(self.base, job_key(run_id, "stop")):
-            self.local.set(f"stop/{rnd.number}", "stop")
+            self.workers.stop(rnd, "stop")
             return "stop"
         failed = [s for s, e in ended.items() if e["outcome"] in ("error", "dead")]
         if failed:
@@ -340,7 +229,7 @@ class Agent:
         workers' peers would wait on it in a collective, where no error comes)."""
         assert self.base is not None
         self._status(rnd)
-        if rnd.node_rank == 0 and self.marked < rnd.number and has(self.local, f"ready/{rnd.number}"):
+        if rnd.node_rank == 0 and self.marked < rnd.number and self.workers.ready(rnd):
             self.marked = rnd.number  # the round's ranks loaded: a host that left may stop its store now
             self.base.set(job_key(self.cfg.run_id, "loaded"), str(rnd.number))
             self.records.write("loaded", round=rnd.number)
@@ -357,27 +246,11 @@ class Agent:
         return None
 
     def _park(self, rnd: Round) -> list[int]:
-        """Wait until every worker ended the round; restart those that died or hang. The slots whose
-        round failed (error, dead, hung)."""
-        deadline = time.monotonic() + (LOST_PARK_S if self.lost_member else PARK_TIMEOUT_S)
+        """Every worker out of the round; those stuck in a collective with a host that was cut off wait
+        only briefly before they are restarted (gloo cannot abort such a collective)."""
+        timeout = LOST_PARK_S if self.lost_member else PARK_TIMEOUT_S
         self.lost_member = False
-        while True:
-            ended = self._ended(rnd)
-            if len(ended) == self.cfg.nproc or time.monotonic() > deadline:
-                break
-            time.sleep(0.01)
-        failed = []
-        for slot, proc in enumerate(self.procs):
-            e = ended.get(slot, {"outcome": "hung"})
-            if e["outcome"] in ("dead", "hung"):
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-                self.procs[slot] = self._spawn(slot)
-            if e["outcome"] not in ("done", "stopped"):
-                failed.append(slot)
-                self.records.write("worker_failed", round=rnd.number, slot=slot, **e)
-        return failed
+        return self.workers.park(rnd, timeout)
 
     def _status(self, rnd: Round) -> None:
         assert self.base is not None
@@ -388,7 +261,7 @@ class Agent:
             "node": rnd.node_rank,
             "nodes": rnd.nodes,
             "world": rnd.world,
-            "workers": [p.pid for p in self.procs],
+            "workers": [p.pid for p in self.workers.procs],
             "time": time.time(),
         }
         self.base.set(job_key(self.cfg.run_id, "agent", self.entry.url), json.dumps(status))
@@ -398,13 +271,13 @@ class Agent:
     def run(self) -> int:
         self._signals()
         self.entry = self._store()
-        self.local = dist.TCPStore(
-            "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
+        self.workers = Workers(self.cfg.target, self.cfg.nproc, self.cfg.run_id, self.run_dir, self.records)
+        self.workers.warm()
+        cfg = self.cfg
+        settings = rendezvous.Settings(
+            cfg.backend, cfg.endpoint, cfg.run_id, cfg.min_nodes, cfg.max_nodes, cfg.advertise, cfg.rdzv_conf
         )
-        self.local_address = f"127.0.0.1:{self.local.port}"
-        self.procs = [self._spawn(slot) for slot in range(self.cfg.nproc)]
-        self._warm()
-        self.handler = self._handler()
+        self.handler, self.silent_s = rendezvous.handler(settings)
         try:
             return self._rounds()
         except (RuntimeError, RendezvousError) as e:  # the rendezvous store is gone, or cut off from here
@@ -415,12 +288,12 @@ class Agent:
     def _rounds(self) -> int:
         rnd, members = self._rendezvous()
         while True:
-            self._hand(rnd)
+            self.workers.hand(rnd)
             why = self._supervise(rnd)
             if why == "leave":  # out of the rendezvous at once: the others' next round need not wait for us
                 assert self.base is not None
                 self.base.set(job_key(self.cfg.run_id, "left", self.entry.url), "1")
-                self._leave_rendezvous()
+                rendezvous.leave(self.handler)
                 self._park(rnd)
                 return self._leave(rnd)
             if why in ("done", "stop"):
@@ -463,14 +336,8 @@ class Agent:
         return 0
 
     def _end(self) -> None:
-        for slot, proc in enumerate(self.procs):
-            if proc.poll() is None:
-                self._send(slot, {"kind": "exit"})
-        for proc in self.procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        if hasattr(self, "workers"):
+            self.workers.close()
         if self.started is not None and not self.cfg.keep_store:
             self.started.stop()
 
@@ -483,28 +350,3 @@ class Agent:
 
         signal.signal(signal.SIGTERM, leave)
         signal.signal(signal.SIGINT, leave)
-
-
-def _quicken(handler: Any, poll: float) -> None:
-    """Let torch's rendezvous read its state every `poll` s while a round forms, not every second: a
-    round then forms within ~0.2 s of its last member joining instead of 1-2 s (the reads are one small
-    get on the rendezvous store each). The rounds, their rules and timeouts stay torch's; this changes only
-    the pace of the join loop's polls (`_delay`) and of the state cache behind them. Private names of
-    torch 2.13: when they are gone, the agent runs at torch's own pace, with a notice."""
-    if poll >= 1.0:
-        return
-    try:
-        from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
-
-        holder = handler._state_holder
-        holder._cache_duration = 0
-        if not getattr(dr._delay, "tenplex_poll", None):
-            torch_delay = dr._delay
-
-            def delay(seconds: float | tuple[float, float]) -> None:
-                torch_delay(min(seconds, poll) if isinstance(seconds, (int, float)) else seconds)
-
-            delay.tenplex_poll = poll  # type: ignore[attr-defined]
-            dr._delay = delay
-    except AttributeError as e:
-        log.warning("torch's rendezvous polls at its own pace (1 s): %s", e)

@@ -153,6 +153,7 @@ class Agent:
             world=rnd.world,
             stores=stores,
             hosts=[e.host for e in entries],
+            lost_stores=sorted(self.gone),  # stores of hosts lost so far (not those that left)
             rendezvous_s=time.time() - t,
         )
         return rnd, [e.host + "|" + e.url for e in entries]

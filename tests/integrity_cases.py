@@ -37,7 +37,7 @@ def main() -> None:
         time.sleep(0.2)
         target = build(LAYOUTS["1"], 0, 2, True)
         info = tenplex.load(target, job="twice", process_group=alone, sources=[d, r])
-        out.update(bad=check(target, 2), lost=info.lost_stores, step=info.step)
+        out.update(bad=check(target, 2), lost=info.lost_stores, replaced=info.replaced, step=info.step)
     dist.barrier()
     write_result(out)
     dist.destroy_process_group()  # before the interpreter's teardown: gloo aborts there otherwise

@@ -129,25 +129,6 @@ def _records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "agent.jsonl").read_text().splitlines()]
 
 
-def test_stop_ends_every_agent_after_a_save(tmp_path) -> None:
-    hosts = Hosts(tmp_path)
-    job = AgentJob(hosts, "stopped", _target(tmp_path, "stopped", 0.2, steps=500))
-    out = tmp_path / "out"
-    try:
-        a, b = job.start("A"), job.start("B")
-        job.wait("the 4-worker world to train", lambda: trained(out, 4) >= 3)
-        stop = _cli(hosts, "stop", "--rdzv-endpoint", job.endpoint, "--rdzv-id", "stopped")
-        assert stop.returncode == 0, stop.stderr
-        assert a.wait(60) == 0 and b.wait(60) == 0
-        rs = [r for r in rounds(out) if r["ready"]]
-        last = rs[-1]
-        assert last["done"] and last["done"]["step"] == last["steps"][-1]["step"] < 500
-        assert [r["kind"] for r in _records(tmp_path / "A")][-1] == "end"
-    finally:
-        job.close()
-        hosts.close()
-
-
 def test_agent_refuses_bad_input_in_one_line(tmp_path) -> None:
     hosts = Hosts(tmp_path)
     for args, words in ((["--nnodes", "3:2"], "MIN"), (["--nnodes", "x"], "--nnodes 'x'"),
@@ -211,8 +192,9 @@ def test_a_users_fsdp2_script_under_agents(tmp_path) -> None:
         assert job.store_pid("B") == store_pid  # the same store, attached again
         lost = job.lose("B")
         job.wait("world 2 after the loss", lambda: trained(out, 2, since=lost) >= 20)
-        assert _cli(hosts, "stop", "--rdzv-endpoint", job.endpoint, "--rdzv-id", "charlm").returncode == 0
-        assert a.wait(60) == 0
+        stop = _cli(hosts, "stop", "--rdzv-endpoint", job.endpoint, "--rdzv-id", "charlm")
+        assert stop.returncode == 0, stop.stderr
+        assert a.wait(60) == 0  # the workers saved at their next step; the agent ended
     finally:
         job.close()
         hosts.close()
@@ -237,5 +219,27 @@ def test_a_users_fsdp2_script_under_agents(tmp_path) -> None:
     assert worst <= TOLERANCE, worst
     attached = [r for r in _records(tmp_path / "B") if r["kind"] == "store"]
     assert [r["attached"] for r in attached] == [False, True], attached
+    assert _records(tmp_path / "A")[-1]["why"] == "stop"
     print("charlm: downtime per change", [(d["world"], round(d["downtime"], 2)) for d in downtimes(out)],
           "worst loss difference", worst)  # fmt: skip
+
+
+def test_a_script_that_keeps_failing_ends_the_job_after_max_restarts(tmp_path) -> None:
+    """A script that raises in every round is restarted in place --max-restarts times, then the agent
+    ends with exit 1, the error in its records and the worker's log (no endless loop)."""
+    script = tmp_path / "broken.py"
+    script.write_text(
+        "import tenplex\n\ntenplex.ElasticJob('broken', until=5)\nraise ValueError('bad batch')\n"
+    )
+    hosts = Hosts(tmp_path)
+    job = AgentJob(hosts, "broken", [str(script)], nodes="1", nproc=1, extra=["--max-restarts", "2"])
+    try:
+        assert job.start("A").wait(120) == 1
+    finally:
+        job.close()
+        hosts.close()
+    recs = _records(tmp_path / "A")
+    failed = [r for r in recs if r["kind"] == "worker_failed"]
+    assert len(failed) == 3 and all("ValueError: bad batch" in r["error"] for r in failed), failed
+    assert recs[-1]["kind"] == "end" and recs[-1]["why"] == "max_restarts"
+    assert "ValueError: bad batch" in (tmp_path / "A" / "worker0.log").read_text()

@@ -99,7 +99,7 @@ def test_a_step_saved_twice_then_its_store_killed_loads_one_save(tmp_path):
     out = res[0]
     assert out["bad"] == [] and out["step"] == 5, out
     assert out["replica_save"] == out["primary_save"] is not None  # R copied the newer save
-    assert out["lost"] == []  # D's blobs were found on R, of this save
+    assert out["lost"] == [d.url] and out["replaced"] == {d.url: r.url}, out  # D's blobs served by R
 
 
 def test_replica_writes_never_touch_primaries_nor_committed_copies(store):

@@ -12,6 +12,7 @@ write records; alone or under torchrun the flags below do:
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 import torch.distributed as dist
@@ -34,6 +35,7 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--snapshot-every", type=int, default=5)
     p.add_argument("--out", default=None, help="where records go (tenplex run sets its own)")
+    p.add_argument("--min-step-seconds", type=float, default=0.0, help="pace steps (emulates slower devices)")
     args = p.parse_args()
 
     job = tenplex.ElasticJob(args.job, until=args.steps, snapshot_every=args.snapshot_every, out=args.out)
@@ -64,6 +66,7 @@ def main() -> None:
     job.ready(step, layout=f"fsdp{job.world}", sampler=sampler.state_dict())  # how the run names it
 
     while job.running(step):
+        started = time.perf_counter()
         ids = sampler.rank_ids(job.world, job.rank)  # this rank's part of the fixed global batch
         batch = torch.from_numpy(windows.get(ids))
         loss = nn.functional.cross_entropy(model(batch[:, :CONTEXT]), batch[:, CONTEXT])
@@ -75,6 +78,7 @@ def main() -> None:
         job.samples(step, job.rank, ids.tolist())
         mean = loss.detach().clone()
         dist.all_reduce(mean)
+        time.sleep(max(0.0, args.min_step_seconds - (time.perf_counter() - started)))
         job.step_done(step, state, loss=mean.item() / job.world)
     job.finish(state, step)
     dist.destroy_process_group()

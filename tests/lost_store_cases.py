@@ -1,5 +1,6 @@
 """Worker for tests/test_lost_stores.py: two dp ranks, each on its own store, save steps 10 and 20 of job
-`lost` (every store then holds a full copy of both), and step 10 of job `gone`."""
+`lost` (every store then holds a full copy of both), and step 10 of job `gone`; or two tp ranks save
+steps 10 and 20 of job `torn` (`TENPLEX_TEST_CASE=torn`)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,17 @@ def a_peer_dies() -> None:
     os._exit(0)  # the group is broken: no teardown that would wait on it
 
 
+def torn() -> None:
+    """Two tp ranks, each on its own store (its shards of every tensor its own): steps 10 and 20."""
+    dist.init_process_group("gloo")
+    for step in (10, 20):
+        tenplex.save(build(LAYOUTS["tp2"], dist.get_rank(), step, False), job="torn", step=step)
+    write_result({"rank": dist.get_rank()})
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     import os
 
-    a_peer_dies() if os.environ.get("TENPLEX_TEST_CASE") == "peer-dies" else main()
+    case = os.environ.get("TENPLEX_TEST_CASE")
+    a_peer_dies() if case == "peer-dies" else torn() if case == "torn" else main()

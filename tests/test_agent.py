@@ -33,9 +33,26 @@ TABLE = {"2": {"dp": 1, "tp": 1, "pp": 2}, "4": {"dp": 2, "tp": 2, "pp": 1}}  # 
 
 def _target(tmp: Path, job: str, pace: float, steps: int = STEPS) -> list[str]:
     (tmp / "table.json").write_text(json.dumps(TABLE))
-    return ["-m", "tenplex.runtime.elastic", "--model", "tiny", "--steps", str(steps), "--global-batch", "12",
-            "--job", job, "--snapshot-every", "2", "--min-step-seconds", str(pace), "--out", "out",
-            "--table", str(tmp / "table.json")]  # fmt: skip
+    return [
+        "-m",
+        "tenplex.runtime.elastic",
+        "--model",
+        "tiny",
+        "--steps",
+        str(steps),
+        "--global-batch",
+        "12",
+        "--job",
+        job,
+        "--snapshot-every",
+        "2",
+        "--min-step-seconds",
+        str(pace),
+        "--out",
+        "out",
+        "--table",
+        str(tmp / "table.json"),
+    ]
 
 
 def _cli(hosts: Hosts, *args: str) -> subprocess.CompletedProcess:
@@ -99,9 +116,13 @@ def test_agents_join_lose_a_host_rejoin_and_leave(tmp_path, static) -> None:
     assert worlds[0] == 2 and worlds.count(4) >= 2 and worlds[-1] == 2, worlds
     assert rs[0]["start"]["kind"] == "fresh"
     assert all(r["start"]["kind"] == "loaded" for r in rs[1:]), [r["start"]["kind"] for r in rs]
-    # the first host's workers were kept: the same processes in every round, the lost host's included
-    a_pids = {tuple(sorted(r["ready"]["pids"]))[:2] for r in rs if r["ready"]["world"] == 2}
-    assert len(a_pids) == 1, a_pids
+    # the first host's workers were kept: the same processes in every round, the lost host's included,
+    # but for a worker that hung in the broken round's collective (gloo cannot abort one): the spare took
+    # its slot
+    a_pids = {pid for r in rs if r["ready"]["world"] == 2 for pid in r["ready"]["pids"]}
+    failed = [r for r in _records(tmp_path / "A") if r["kind"] == "worker_failed"]
+    replaced = [r for r in failed if r["outcome"] != "error"]
+    assert len(a_pids) == 2 + len(replaced), (a_pids, replaced)
     # the recovery after the loss names the lost store and loaded a snapshot no older than needed
     recovered = next(r for r in rs if r["start"]["time"] > seen["lost_at"])
     assert seen["b_url"] in recovered["start"]["lost_stores"], recovered["start"]
@@ -121,8 +142,13 @@ def test_agents_join_lose_a_host_rejoin_and_leave(tmp_path, static) -> None:
     kinds = [r["kind"] for r in recs]
     assert "worker_failed" in kinds and kinds[-1] == "end", kinds
     assert [r["lost_stores"] for r in recs if r["kind"] == "round"][-1] == [seen["b_url"]]  # lost, C left
-    print(network, "downtime per change:", [(d["world"], round(d["downtime"], 2)) for d in downtimes(out)],
-          "worst loss difference", worst)  # fmt: skip
+    print(
+        network,
+        "downtime per change:",
+        [(d["world"], round(d["downtime"], 2)) for d in downtimes(out)],
+        "worst loss difference",
+        worst,
+    )
 
 
 def _records(run_dir: Path) -> list[dict]:
@@ -131,9 +157,13 @@ def _records(run_dir: Path) -> list[dict]:
 
 def test_agent_refuses_bad_input_in_one_line(tmp_path) -> None:
     hosts = Hosts(tmp_path)
-    for args, words in ((["--nnodes", "3:2"], "MIN"), (["--nnodes", "x"], "--nnodes 'x'"),
-                        (["--nproc-per-node", "0"], "nproc"), (["--rdzv-conf", "oops"], "key=value"),
-                        (["--store", "http://127.0.0.1:9"], "no store answers")):  # fmt: skip
+    for args, words in (
+        (["--nnodes", "3:2"], "MIN"),
+        (["--nnodes", "x"], "--nnodes 'x'"),
+        (["--nproc-per-node", "0"], "nproc"),
+        (["--rdzv-conf", "oops"], "key=value"),
+        (["--store", "http://127.0.0.1:9"], "no store answers"),
+    ):
         p = _cli(hosts, "agent", "--run-dir", str(tmp_path / "r"), *args, "train.py")
         assert p.returncode == 2 and words in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
 
@@ -169,8 +199,15 @@ def test_a_host_cut_off_is_dropped_and_the_job_goes_on(tmp_path) -> None:
     print("cut off: downtime", [(d["world"], round(d["downtime"], 2)) for d in downtimes(out)])
 
 
-def _charlm(steps: int) -> list[str]:
-    return [str(EXAMPLE), "--job", "charlm", "--steps", str(steps), "--global-batch", "24", "--out", "out"]
+def _charlm(steps: int, pace: float) -> list[str]:
+    flags = {
+        "--job": "charlm",
+        "--steps": steps,
+        "--global-batch": 24,
+        "--out": "out",
+        "--min-step-seconds": pace,
+    }
+    return [str(EXAMPLE), *(str(x) for kv in flags.items() for x in kv)]
 
 
 def test_a_users_fsdp2_script_under_agents(tmp_path) -> None:
@@ -178,7 +215,7 @@ def test_a_users_fsdp2_script_under_agents(tmp_path) -> None:
     restarted on its host (its store survives and is attached again), a lost host and `tenplex stop`;
     then the same steps on one host: equal losses, every sample once."""
     hosts = Hosts(tmp_path)
-    job = AgentJob(hosts, "charlm", _charlm(100_000))
+    job = AgentJob(hosts, "charlm", _charlm(100_000, 0.05))
     out = tmp_path / "out"
     try:
         a = job.start("A")
@@ -208,7 +245,7 @@ def test_a_users_fsdp2_script_under_agents(tmp_path) -> None:
     static_dir.mkdir()
     one, solo = Hosts(static_dir), None
     try:
-        solo = AgentJob(one, "charlm-static", _charlm(last), nodes="1")
+        solo = AgentJob(one, "charlm-static", _charlm(last, 0.0), nodes="1")
         assert solo.start("A").wait(300) == 0
     finally:
         if solo is not None:
@@ -220,8 +257,12 @@ def test_a_users_fsdp2_script_under_agents(tmp_path) -> None:
     attached = [r for r in _records(tmp_path / "B") if r["kind"] == "store"]
     assert [r["attached"] for r in attached] == [False, True], attached
     assert _records(tmp_path / "A")[-1]["why"] == "stop"
-    print("charlm: downtime per change", [(d["world"], round(d["downtime"], 2)) for d in downtimes(out)],
-          "worst loss difference", worst)  # fmt: skip
+    print(
+        "charlm: downtime per change",
+        [(d["world"], round(d["downtime"], 2)) for d in downtimes(out)],
+        "worst loss difference",
+        worst,
+    )
 
 
 def test_a_script_that_keeps_failing_ends_the_job_after_max_restarts(tmp_path) -> None:
@@ -242,4 +283,4 @@ def test_a_script_that_keeps_failing_ends_the_job_after_max_restarts(tmp_path) -
     failed = [r for r in recs if r["kind"] == "worker_failed"]
     assert len(failed) == 3 and all("ValueError: bad batch" in r["error"] for r in failed), failed
     assert recs[-1]["kind"] == "end" and recs[-1]["why"] == "max_restarts"
-    assert "ValueError: bad batch" in (tmp_path / "A" / "worker0.log").read_text()
+    assert "ValueError: bad batch" in Path(failed[0]["log"]).read_text()

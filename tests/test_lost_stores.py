@@ -115,6 +115,31 @@ def _leaves(sd: dict) -> list[torch.Tensor]:
     return [flat[n] for n in NAMES]
 
 
+def test_a_save_torn_by_a_hosts_death_gives_way_to_the_one_before(tmp_path, monkeypatch):
+    """Step 20's copy of B's shards never reached A (B died during its push), then B is lost: step 20 reads
+    as complete (B cannot answer, so it may hold it) but its B pieces have no copy; the load passes it over
+    for step 10, whose copy A holds, and says so (`skipped`) — never a fresh start, never foreign bytes."""
+    monkeypatch.setenv("TENPLEX_STATE_DIR", str(tmp_path / "jobs"))
+    a, b = start_store(), start_store()
+    try:
+        for s in (a, b):
+            s.client().set_peers([a.url, b.url], 1)
+        env = {"TENPLEX_TEST_CASE": "torn", "TENPLEX_EMULATED_HOSTS": "1"}
+        run_ranks("lost_store_cases", 2, env=env, per_rank_env=[{"TENPLEX_STORE": s.url} for s in (a, b)])
+        save_id = b.client().save_ids("torn")[20]
+        assert a.client().delete_copy("torn", 20, b.url, save_id)  # the push that did not finish
+        b.kill()
+        info, target = _load("torn", [a.url, b.url])
+        assert info.step == 10 and check(target, 10) == [], (info.step, check(target, 10))
+        assert [x["step"] for x in info.skipped] == [20] and "no surviving copy" in info.skipped[0]["error"]
+        assert info.lost_stores == [b.url] and info.replaced == {b.url: a.url}
+        with pytest.raises(tenplex.transformer.UnrecoverableError):  # asked for step 20: no other answer
+            tenplex.load(_target(), job="torn", step=20, store=a.url, sources=[a.url, b.url])
+    finally:
+        a.stop()
+        b.stop()
+
+
 def test_a_broken_process_group_is_a_tenplex_error():
     """A rank that is gone mid-save: the others get GroupError (a TenplexError naming the collective), not
     gloo's RuntimeError from deep inside."""

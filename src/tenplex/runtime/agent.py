@@ -16,7 +16,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +38,9 @@ from .workers import Workers
 log = logs.get("agent")
 
 PARK_TIMEOUT_S = 120.0  # a worker that neither parks nor dies this long after a change is killed, restarted
-LOST_PARK_S = 1.0  # the same after a host was cut off: a collective with it never ends, gloo cannot abort it
+# the same after a round broke (a worker failed, a host was lost or cut off): a worker still in a collective
+# then may wait forever (gloo cannot abort one); the others park within their commit grace (worker.py)
+BROKEN_PARK_S = 3.0
 LINGER_S = 120.0  # a leaving agent keeps its store this long at most, until the next round has loaded
 
 
@@ -75,10 +79,12 @@ class Agent:
         self.restarts = 0
         self.base: dist.Store | None = None
         self.heard: dict[str, tuple[Any, float]] = {}  # per member: what its agent last said, and when
-        self.lost_member = False  # the round ended because a member fell silent
+        self.broken = False  # the round ended because it broke (a worker failed, a member fell silent)
+        self.status: dict[str, Any] = {}  # what the beacon says of this agent (`_status`)
         self.marked = 0  # the newest round this agent marked loaded
         self.last_stores: list[str] = []  # the stores of the round before
         self.gone: set[str] = set()  # stores of hosts lost (not left)
+        self.beacon: Beacon | None = None
         self.silent_s = 3.0  # a member silent this long is lost (torch's heartbeat expiry, set in run)
 
     # -- the host's store and workers -------------------------------------------------------------
@@ -194,7 +200,7 @@ class Agent:
                 beat = time.monotonic()
                 silent = self._beat(rnd)
                 if silent:
-                    self.lost_member = True  # its workers' peers may wait on it in a collective forever
+                    self.broken = True  # its workers' peers may wait on it in a collective forever
                     self._request_change(rnd, f"lost: the agent of {silent} fell silent")
                     return "change"
             why = self._why_end(rnd)
@@ -214,6 +220,7 @@ class Agent:
             return "stop"
         failed = [s for s, e in ended.items() if e["outcome"] in ("error", "dead")]
         if failed:
+            self.broken = True
             self._request_change(rnd, f"worker {failed[0]}: {ended[failed[0]]['error']}")
             return "change"
         if ended or has(self.base, job_key(run_id, "change", rnd.number)):
@@ -225,11 +232,10 @@ class Agent:
         return None
 
     def _beat(self, rnd: Round) -> str | None:
-        """Once a second: this agent's status; the round's loaded mark (node 0); the first member whose
-        agent said nothing for as long as torch's rendezvous takes to drop a node (a host cut off: its
-        workers' peers would wait on it in a collective, where no error comes)."""
+        """Once a second: the round's loaded mark (node 0); the first member whose agent's beacon said
+        nothing for as long as torch's rendezvous takes to drop a node (a host cut off: its workers'
+        peers would wait on it in a collective, where no error comes)."""
         assert self.base is not None
-        self._status(rnd)
         if rnd.node_rank == 0 and self.marked < rnd.number and self.workers.ready(rnd):
             self.marked = rnd.number  # the round's ranks loaded: a host that left may stop its store now
             self.base.set(job_key(self.cfg.run_id, "loaded"), str(rnd.number))
@@ -247,15 +253,14 @@ class Agent:
         return None
 
     def _park(self, rnd: Round) -> list[int]:
-        """Every worker out of the round; those stuck in a collective with a host that was cut off wait
-        only briefly before they are restarted (gloo cannot abort such a collective)."""
-        timeout = LOST_PARK_S if self.lost_member else PARK_TIMEOUT_S
-        self.lost_member = False
+        """Every worker out of the round; after a round broke, those stuck in a collective wait only
+        briefly before they are restarted (gloo cannot abort one)."""
+        timeout = BROKEN_PARK_S if self.broken else PARK_TIMEOUT_S
+        self.broken = False
         return self.workers.park(rnd, timeout)
 
     def _status(self, rnd: Round) -> None:
-        assert self.base is not None
-        status = {
+        self.status = {
             "host": self.cfg.advertise,
             "store": self.entry.url,
             "round": rnd.number,
@@ -263,9 +268,11 @@ class Agent:
             "nodes": rnd.nodes,
             "world": rnd.world,
             "workers": [p.pid for p in self.workers.procs],
-            "time": time.time(),
         }
-        self.base.set(job_key(self.cfg.run_id, "agent", self.entry.url), json.dumps(status))
+        if self.beacon is None:
+            assert self.base is not None
+            key = job_key(self.cfg.run_id, "agent", self.entry.url)
+            self.beacon = Beacon(self.base, key, lambda: self.status)
 
     # -- the agent's life -------------------------------------------------------------------------
 
@@ -290,6 +297,7 @@ class Agent:
         rnd, members = self._rendezvous()
         while True:
             self.workers.hand(rnd)
+            self._status(rnd)
             why = self._supervise(rnd)
             if why == "leave":  # out of the rendezvous at once: the others' next round need not wait for us
                 assert self.base is not None
@@ -312,7 +320,7 @@ class Agent:
                     self.records.write("end", why="max_restarts", round=rnd.number)
                     self.handler.shutdown()
                     log.error(
-                        "workers failed %d times (--max-restarts %d); see %s/worker*.log",
+                        "workers failed %d times (--max-restarts %d); see %s/worker-p*.log",
                         self.restarts,
                         self.cfg.max_restarts,
                         self.run_dir,
@@ -337,6 +345,8 @@ class Agent:
         return 0
 
     def _end(self) -> None:
+        if self.beacon is not None:
+            self.beacon.stop.set()
         if hasattr(self, "workers"):
             self.workers.close()
         if self.started is not None and not self.cfg.keep_store:
@@ -351,3 +361,25 @@ class Agent:
 
         signal.signal(signal.SIGTERM, leave)
         signal.signal(signal.SIGINT, leave)
+
+
+class Beacon(threading.Thread):
+    """This agent's status in the rendezvous store, written every second by a thread of its own, whatever
+    the main loop waits for (a round may take long to park): the other agents take only silence, a dead or
+    cut-off host, for a lost member."""
+
+    def __init__(self, base: dist.Store, key: str, status: Callable[[], dict[str, Any]]) -> None:
+        super().__init__(name="tenplex-beacon", daemon=True)
+        self.store = base.clone() if hasattr(base, "clone") else base  # its own connection
+        self.key, self.status, self.stop = key, status, threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        beat = 0
+        while not self.stop.is_set():
+            beat += 1
+            try:
+                self.store.set(self.key, json.dumps({**self.status(), "beat": beat, "time": time.time()}))
+            except RuntimeError:  # the rendezvous store is gone: the main loop finds out too
+                return
+            self.stop.wait(1.0)

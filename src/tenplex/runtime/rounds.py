@@ -3,7 +3,8 @@
 Two key spaces, both torch `Store`s (no files):
 
 - the agent's own TCPStore on loopback, served by the agent for its workers: `cmd/INBOX/N` (a worker
-  process's N-th command: a round to run, or the end), `stop/R` (round R stops at its next step
+  process's N-th command: a round to run in a slot, or the end), `warm/INBOX` (it imported what a rank
+  needs), `stop/R` (round R stops at its next step
   boundary), `ready/R` (round R's ranks have loaded), `parked/R/SLOT` (a worker's round ended: `stopped`,
   `done` or `error` with its message);
 - the job's keys in the rendezvous store (`tenplex/ID/...`, beside torch's own rendezvous state): every
@@ -27,7 +28,6 @@ from ..ptc import TenplexError
 from ..util import env
 
 AGENT = "TENPLEX_AGENT"  # host:port of this host's agent store (set by the agent for its workers)
-SLOT = "TENPLEX_AGENT_SLOT"  # this worker's slot on its host (its LOCAL_RANK)
 INBOX = "TENPLEX_AGENT_INBOX"  # where this worker process's commands come (one per process started)
 ROUND = "TENPLEX_ROUND"  # the round this worker runs (set per round)
 
@@ -132,10 +132,10 @@ def known_stores(base: dist.Store, run_id: str) -> list[StoreEntry]:
     return [StoreEntry.from_json(base.get(k)) for k in keys if has(base, k)]
 
 
-def worker_agent() -> tuple[str, int, str] | None:
-    """(agent address, slot, inbox) when this process is a worker kept by a `tenplex agent`."""
-    address, slot, inbox = (os.environ.get(k) for k in (AGENT, SLOT, INBOX))
-    return (address, int(slot), inbox) if address and slot and inbox else None
+def worker_agent() -> tuple[str, str] | None:
+    """(agent address, inbox) when this process is a worker kept by a `tenplex agent`."""
+    address, inbox = os.environ.get(AGENT), os.environ.get(INBOX)
+    return (address, inbox) if address and inbox else None
 
 
 _agent: list[dist.TCPStore] = []  # this worker's connection to its agent (made once)

@@ -86,7 +86,7 @@ def serve(target: list[str]) -> int:
     if placed is None:
         print("tenplex worker: start me with `tenplex agent` ($TENPLEX_AGENT is not set)", file=sys.stderr)
         return 2
-    _, slot, inbox = placed
+    _, inbox = placed
     store = agent_store()
     assert store is not None
     store.set_timeout(timedelta(seconds=WAIT_S))
@@ -100,7 +100,7 @@ def serve(target: list[str]) -> int:
         n += 1
         if cmd["kind"] == "exit":
             return 0
-        rnd = Round.from_json(cmd["round"])
+        rnd, slot = Round.from_json(cmd["round"]), int(cmd["slot"])  # a spare takes whichever slot is free
         os.environ.update(rnd.environ(slot, int(cmd["local_world"])))
         started = time.time()
         forget_end()

@@ -1,13 +1,20 @@
 """An agent's workers on its host: started once, warm before the first round, handed each round through a
-TCPStore on loopback, watched until the round ends, restarted only when they died or hang."""
+TCPStore on loopback, watched until the round ends, replaced only when they died or hang.
+
+One warm spare waits beside them: a worker stuck in a collective of a broken round (gloo cannot abort
+one) is replaced by the spare at once, not by a process that first imports torch for seconds while the
+job waits; a new spare warms up in the background.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -19,40 +26,45 @@ from .rounds import AgentError, Round, has
 from .worker import die_with_parent
 
 
+@dataclass
+class Process:
+    """One worker process and where its commands go (its own inbox: a replacement never reads another's)."""
+
+    proc: subprocess.Popen[bytes]
+    inbox: str
+    sent: int = field(default=0)
+
+
 class Workers:
-    """`nproc` worker processes running `target` once per round (`runtime/worker.py`)."""
+    """`nproc` worker processes running `target` once per round (`runtime/worker.py`), and a spare."""
 
     def __init__(self, target: list[str], nproc: int, run_id: str, run_dir: Path, records: Records) -> None:
-        self.target, self.nproc, self.run_id, self.run_dir, self.records = (
-            target,
-            nproc,
-            run_id,
-            run_dir,
-            records,
-        )
+        self.target, self.nproc, self.run_id, self.run_dir = target, nproc, run_id, run_dir
+        self.records = records
         self.store = dist.TCPStore(
             "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
         )
         self.address = f"127.0.0.1:{self.store.port}"
-        self.inbox = [""] * nproc  # where each slot's process reads its commands (one per process started)
-        self.sent = [0] * nproc  # commands sent to each slot's process
         self.spawned = 0
-        self.procs = [self._spawn(slot) for slot in range(nproc)]
+        self.slots = [self._spawn() for _ in range(nproc)]
+        self.spare: Process | None = None
 
-    def _spawn(self, slot: int) -> subprocess.Popen[bytes]:
+    @property
+    def procs(self) -> list[subprocess.Popen[bytes]]:
+        return [w.proc for w in self.slots]
+
+    def _spawn(self) -> Process:
         self.spawned += 1
-        self.inbox[slot], self.sent[slot] = f"{slot}.{self.spawned}", 0
+        inbox = str(self.spawned)
         environ = dict(
             os.environ,
             TENPLEX_AGENT=self.address,
-            TENPLEX_AGENT_SLOT=str(slot),
-            TENPLEX_AGENT_INBOX=self.inbox[slot],
-            LOCAL_RANK=str(slot),
+            TENPLEX_AGENT_INBOX=inbox,
             LOCAL_WORLD_SIZE=str(self.nproc),
             TORCHELASTIC_RUN_ID=self.run_id,
         )
-        with open(self.run_dir / f"worker{slot}.log", "ab") as out:
-            return subprocess.Popen(
+        with open(self.run_dir / f"worker-p{inbox}.log", "ab") as out:
+            proc = subprocess.Popen(
                 [sys.executable, "-m", "tenplex.runtime.worker", *self.target],
                 env=environ,
                 stdout=out,
@@ -61,27 +73,33 @@ class Workers:
                 start_new_session=True,
                 preexec_fn=die_with_parent,
             )
+        return Process(proc, inbox)
+
+    def _warm(self, w: Process) -> bool:
+        return has(self.store, f"warm/{w.inbox}")
 
     def warm(self) -> None:
         """Until every worker imported what a rank needs (the agent joins only then: a host that joins
         stops the job's workers at once, and its own would otherwise spend that downtime importing)."""
         t = time.time()
-        while not all(has(self.store, f"warm/{box}") for box in self.inbox):
-            dead = [slot for slot, p in enumerate(self.procs) if p.poll() is not None]
+        while not all(self._warm(w) for w in self.slots):
+            dead = [w for w in self.slots if w.proc.poll() is not None]
             if dead:
-                raise AgentError(
-                    f"worker {dead[0]} ended before its first round; see {self.run_dir}/worker{dead[0]}.log"
-                )
+                raise AgentError(f"a worker ended before its first round; see {self.log(dead[0])}")
             time.sleep(0.02)
         self.records.write("warm", seconds=time.time() - t)
+        self.spare = self._spawn()
 
-    def _send(self, slot: int, cmd: dict[str, Any]) -> None:
-        self.store.set(f"cmd/{self.inbox[slot]}/{self.sent[slot]}", json.dumps(cmd))
-        self.sent[slot] += 1
+    def log(self, w: Process) -> Path:
+        return self.run_dir / f"worker-p{w.inbox}.log"
+
+    def _send(self, w: Process, cmd: dict[str, Any]) -> None:
+        self.store.set(f"cmd/{w.inbox}/{w.sent}", json.dumps(cmd))
+        w.sent += 1
 
     def hand(self, rnd: Round) -> None:
-        for slot in range(self.nproc):
-            self._send(slot, {"kind": "round", "round": rnd.to_json(), "local_world": self.nproc})
+        for slot, w in enumerate(self.slots):
+            self._send(w, {"kind": "round", "slot": slot, "round": rnd.to_json(), "local_world": self.nproc})
 
     def stop(self, rnd: Round, why: str) -> None:
         """The round stops at its next step boundary (each worker's `ElasticJob.running` asks)."""
@@ -94,39 +112,49 @@ class Workers:
     def ended(self, rnd: Round) -> dict[int, dict[str, Any]]:
         """Workers whose round ended: parked with their outcome, or dead (their process exited)."""
         out: dict[int, dict[str, Any]] = {}
-        for slot, proc in enumerate(self.procs):
+        for slot, w in enumerate(self.slots):
             key = f"parked/{rnd.number}/{slot}"
             if has(self.store, key):
                 out[slot] = json.loads(self.store.get(key))
-            elif proc.poll() is not None:
-                out[slot] = {"outcome": "dead", "error": f"exit code {proc.returncode}"}
+            elif w.proc.poll() is not None:
+                out[slot] = {"outcome": "dead", "error": f"exit code {w.proc.returncode}"}
         return out
 
     def park(self, rnd: Round, timeout: float) -> list[int]:
-        """Wait until every worker ended the round; restart those that died or still hang after `timeout`.
+        """Wait until every worker ended the round; replace those that died or still hang after `timeout`.
         The slots whose round failed (error, dead, hung)."""
         deadline = time.monotonic() + timeout
         while len(ended := self.ended(rnd)) < self.nproc and time.monotonic() < deadline:
             time.sleep(0.01)
         failed = []
-        for slot, proc in enumerate(self.procs):
+        for slot, w in enumerate(self.slots):
             e = ended.get(slot, {"outcome": "hung"})
             if e["outcome"] in ("dead", "hung"):
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-                self.procs[slot] = self._spawn(slot)
+                self._replace(slot)
             if e["outcome"] not in ("done", "stopped"):
                 failed.append(slot)
-                self.records.write("worker_failed", round=rnd.number, slot=slot, **e)
+                self.records.write("worker_failed", round=rnd.number, slot=slot, log=str(self.log(w)), **e)
         return failed
 
+    def _replace(self, slot: int) -> None:
+        """The slot's process ends (its stack into its log first, when it hangs); the warm spare takes the
+        slot when there is one, and a new spare starts warming."""
+        w = self.slots[slot]
+        if w.proc.poll() is None:
+            w.proc.send_signal(signal.SIGUSR1)  # where it hangs, into its log (faulthandler)
+            time.sleep(0.2)
+            w.proc.kill()
+            w.proc.wait()
+        spare, self.spare = self.spare, None
+        self.slots[slot] = spare if spare is not None and spare.proc.poll() is None else self._spawn()
+        self.spare = self._spawn()
+
     def close(self) -> None:
-        for slot, proc in enumerate(self.procs):
-            if proc.poll() is None:
-                self._send(slot, {"kind": "exit"})
-        for proc in self.procs:
+        for w in [*self.slots, *([self.spare] if self.spare else [])]:
+            if w.proc.poll() is None:
+                self._send(w, {"kind": "exit"})
+        for w in [*self.slots, *([self.spare] if self.spare else [])]:
             try:
-                proc.wait(10)
+                w.proc.wait(10)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                w.proc.kill()

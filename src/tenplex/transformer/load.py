@@ -97,8 +97,15 @@ def load(
             common = _check_keys(old, new, wanted, strict)
             old_view = snap.view
             p = plan(subset(old_view, common), subset(new, common), lost=snap.lost)
-        if not p.complete:
-            return fallback("unrecoverable", UnrecoverableError([(t, str(b)) for t, b in p.unrecoverable]))
+        if not p.complete:  # lost stores took pieces no copy holds (a save torn by a host's death reads
+            # as complete while that host's store cannot answer): the persisted snapshot if one is named,
+            # else the snapshot before this one, unless this step was asked for
+            gone = UnrecoverableError([(t, str(b)) for t, b in p.unrecoverable])
+            if step is not None or path is not None:
+                return fallback("unrecoverable", gone)
+            skipped.append({"step": snap.step, "error": f"{gone} (stores lost: {', '.join(snap.lost)})"})
+            first_error, below = first_error or gone, snap.step
+            continue
         me = world.rank(group)
         with bd.phase("plan"):
             shared = shared_remote_boxes(p, new.mesh.hosts[me])

@@ -41,6 +41,7 @@ PARK_TIMEOUT_S = 120.0  # a worker that neither parks nor dies this long after a
 # the same after a round broke (a worker failed, a host was lost or cut off): a worker still in a collective
 # then may wait forever (gloo cannot abort one); the others park within their commit grace (worker.py)
 BROKEN_PARK_S = 3.0
+SPARE_AFTER_S = 10.0  # a round trains this long before the host's spare worker starts warming (workers.py)
 LINGER_S = 120.0  # a leaving agent keeps its store this long at most, until the next round has loaded
 
 
@@ -193,11 +194,13 @@ class Agent:
 
     def _supervise(self, rnd: Round) -> str:
         """Watch the round until it ends: "done", "stop" (tenplex stop), "leave" or "change"."""
-        beat, self.heard = 0.0, {}
+        beat, self.heard, began = 0.0, {}, time.monotonic()
         while True:
             time.sleep(self.cfg.monitor_interval)
             if time.monotonic() - beat > 1.0:
                 beat = time.monotonic()
+                if beat - began > SPARE_AFTER_S:
+                    self.workers.keep_spare()
                 silent = self._beat(rnd)
                 if silent:
                     self.broken = True  # its workers' peers may wait on it in a collective forever

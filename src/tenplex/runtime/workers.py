@@ -3,7 +3,7 @@ TCPStore on loopback, watched until the round ends, replaced only when they died
 
 One warm spare waits beside them: a worker stuck in a collective of a broken round (gloo cannot abort
 one) is replaced by the spare at once, not by a process that first imports torch for seconds while the
-job waits; a new spare warms up in the background.
+job waits; a new spare warms up once the next round has trained a while.
 """
 
 from __future__ import annotations
@@ -88,7 +88,12 @@ class Workers:
                 raise AgentError(f"a worker ended before its first round; see {self.log(dead[0])}")
             time.sleep(0.02)
         self.records.write("warm", seconds=time.time() - t)
-        self.spare = self._spawn()
+
+    def keep_spare(self) -> None:
+        """Start the spare if there is none (the agent calls it once a round has trained a while: a
+        spare importing torch beside a change would slow the change on a host with few cores)."""
+        if self.spare is None or self.spare.proc.poll() is not None:
+            self.spare = self._spawn()
 
     def log(self, w: Process) -> Path:
         return self.run_dir / f"worker-p{w.inbox}.log"
@@ -147,7 +152,6 @@ class Workers:
             w.proc.wait()
         spare, self.spare = self.spare, None
         self.slots[slot] = spare if spare is not None and spare.proc.poll() is None else self._spawn()
-        self.spare = self._spawn()
 
     def close(self) -> None:
         for w in [*self.slots, *([self.spare] if self.spare else [])]:

@@ -1,7 +1,7 @@
 """An agent's workers on its host: started once, warm before the first round, handed each round through a
 TCPStore on loopback, watched until the round ends, replaced only when they died or hang.
 
-One warm spare waits beside them: a worker stuck in a collective of a broken round (gloo cannot abort
+One warm spare waits beside them where the host has cores to spare (2 per worker): a worker stuck in a collective of a broken round (gloo cannot abort
 one) is replaced by the spare at once, not by a process that first imports torch for seconds while the
 job waits; a new spare warms up once the next round has trained a while.
 """
@@ -26,6 +26,9 @@ from .rounds import AgentError, Round, has
 from .worker import die_with_parent
 
 
+SPARE_CORES_PER_WORKER = 2
+
+
 @dataclass
 class Process:
     """One worker process and where its commands go (its own inbox: a replacement never reads another's)."""
@@ -48,6 +51,9 @@ class Workers:
         self.spawned = 0
         self.slots = [self._spawn() for _ in range(nproc)]
         self.spare: Process | None = None
+        # a spare only where cores are left over for it: on a host with few, its warm-up (a torch import)
+        # would take them from the job's own changes (measured: a join of 1.9 s took 2.5-2.7 s on 2 cores)
+        self.spares = (os.cpu_count() or 1) >= SPARE_CORES_PER_WORKER * (nproc + 1)
 
     @property
     def procs(self) -> list[subprocess.Popen[bytes]]:
@@ -92,7 +98,7 @@ class Workers:
     def keep_spare(self) -> None:
         """Start the spare if there is none (the agent calls it once a round has trained a while: a
         spare importing torch beside a change would slow the change on a host with few cores)."""
-        if self.spare is None or self.spare.proc.poll() is not None:
+        if self.spares and (self.spare is None or self.spare.proc.poll() is not None):
             self.spare = self._spawn()
 
     def log(self, w: Process) -> Path:

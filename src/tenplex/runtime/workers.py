@@ -1,9 +1,10 @@
 """An agent's workers on its host: started once, warm before the first round, handed each round through a
 TCPStore on loopback, watched until the round ends, replaced only when they died or hang.
 
-One warm spare waits beside them where the host has cores to spare (2 per worker): a worker stuck in a collective of a broken round (gloo cannot abort
-one) is replaced by the spare at once, not by a process that first imports torch for seconds while the
-job waits; a new spare warms up once the next round has trained a while.
+One warm spare waits beside them where the host has cores to spare (2 per worker): a worker stuck in a
+collective of a broken round (gloo cannot abort one) is replaced by the spare at once, not by a process
+that first imports torch for seconds while the job waits; a new spare warms up once the next round has
+trained a while.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import torch.distributed as dist
 from .records import Records
 from .rounds import AgentError, Round, has
 from .worker import die_with_parent
-
 
 SPARE_CORES_PER_WORKER = 2
 

@@ -39,10 +39,18 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(__file__))
 from common import print_rows, write_results
 from tenplex.runtime import netns
-from tenplex.runtime.agent_hosts import AgentJob, Hosts, Rendezvous, downtimes, trained, wait_until
+from tenplex.runtime.agent_hosts import (
+    TABLE,
+    AgentJob,
+    Hosts,
+    Rendezvous,
+    downtimes,
+    reference_target,
+    trained,
+    wait_until,
+)
 from tenplex.runtime.records import read_records
 
-TABLE = {"2": {"dp": 1, "tp": 1, "pp": 2}, "4": {"dp": 2, "tp": 2, "pp": 1}}
 CHANGES = [
     "scale out 2 → 4 (join)",
     "scale in 4 → 2 (leave)",
@@ -54,27 +62,7 @@ EVERY = 6  # steps each round trains before the next change
 
 
 def target(tmp: Path, job: str, pace: float) -> list[str]:
-    (tmp / "table.json").write_text(json.dumps(TABLE))
-    return [
-        "-m",
-        "tenplex.runtime.elastic",
-        "--model",
-        "tiny",
-        "--steps",
-        "100000",
-        "--global-batch",
-        "12",
-        "--job",
-        job,
-        "--snapshot-every",
-        "2",
-        "--min-step-seconds",
-        str(pace),
-        "--out",
-        "out",
-        "--table",
-        str(tmp / "table.json"),
-    ]
+    return reference_target(tmp, job, pace, 100_000)
 
 
 def drive(job, out: Path) -> float:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tenplex.runtime import netns
-from tenplex.runtime.agent_hosts import AgentJob, Hosts, downtimes, rounds, trained
+from tenplex.runtime.agent_hosts import AgentJob, Hosts, downtimes, reference_target, rounds, trained
 from tenplex.runtime.report import ledger
 
 pytestmark = pytest.mark.dist
@@ -28,31 +28,10 @@ pytestmark = pytest.mark.dist
 STEPS = 90
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "elastic_charlm.py"
 TOLERANCE = 1e-4  # fp32 round-off of other layouts (tp/pp/dp sums in another order), over the run
-TABLE = {"2": {"dp": 1, "tp": 1, "pp": 2}, "4": {"dp": 2, "tp": 2, "pp": 1}}  # a change moves tp and pp
 
 
 def _target(tmp: Path, job: str, pace: float, steps: int = STEPS) -> list[str]:
-    (tmp / "table.json").write_text(json.dumps(TABLE))
-    return [
-        "-m",
-        "tenplex.runtime.elastic",
-        "--model",
-        "tiny",
-        "--steps",
-        str(steps),
-        "--global-batch",
-        "12",
-        "--job",
-        job,
-        "--snapshot-every",
-        "2",
-        "--min-step-seconds",
-        str(pace),
-        "--out",
-        "out",
-        "--table",
-        str(tmp / "table.json"),
-    ]
+    return reference_target(tmp, job, pace, steps)
 
 
 def _cli(hosts: Hosts, *args: str) -> subprocess.CompletedProcess:

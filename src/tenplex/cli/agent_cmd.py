@@ -16,6 +16,25 @@ RDZV_PORT = 29400
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("agent", help="run this host's part of an elastic job (a torchrun replacement)")
+    _agent_args(p)
+    p.set_defaults(func=_agent)
+
+    r = sub.add_parser("rendezvous", help="host a job's rendezvous endpoint apart from the agents")
+    r.add_argument("--host", default="0.0.0.0", help="address to bind (default all)")
+    r.add_argument("--port", type=int, default=RDZV_PORT, help=f"port (default {RDZV_PORT})")
+    r.set_defaults(func=_rendezvous)
+
+    for name, text, func in (
+        ("status", "a running job's agents, round and stores", _status),
+        ("stop", "stop a job: save at the next step, end every agent", _stop),
+    ):
+        q = sub.add_parser(name, help=text)
+        _rdzv_args(q)
+        q.set_defaults(func=func)
+
+
+def _agent_args(p: argparse.ArgumentParser) -> None:
+    """torchrun's flags where they mean the same, then tenplex's, then the script."""
     _rdzv_args(p)
     p.add_argument("--nnodes", default="1", help="MIN:MAX agents the job accepts (or N)")
     p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1, help="workers on this host")
@@ -69,20 +88,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-m", "--module", action="store_true", help="run TARGET as a module (python -m)")
     p.add_argument("script", metavar="TARGET", help="the training script (or module with -m)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
-    p.set_defaults(func=_agent)
-
-    r = sub.add_parser("rendezvous", help="host a job's rendezvous endpoint apart from the agents")
-    r.add_argument("--host", default="0.0.0.0", help="address to bind (default all)")
-    r.add_argument("--port", type=int, default=RDZV_PORT, help=f"port (default {RDZV_PORT})")
-    r.set_defaults(func=_rendezvous)
-
-    for name, text, func in (
-        ("status", "a running job's agents, round and stores", _status),
-        ("stop", "stop a job: save at the next step, end every agent", _stop),
-    ):
-        q = sub.add_parser(name, help=text)
-        _rdzv_args(q)
-        q.set_defaults(func=func)
 
 
 def _rdzv_args(p: argparse.ArgumentParser) -> None:

@@ -8,6 +8,7 @@ A host is lost as a real one is: everything on it killed at once (the agent, its
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -24,6 +25,25 @@ from .records import read_records
 from .rounds import AgentError
 
 RDZV_PORT = 29400
+# the reference workload's layouts in the agent tests and benchmark: a change of world moves tp and pp too
+TABLE = {"2": {"dp": 1, "tp": 1, "pp": 2}, "4": {"dp": 2, "tp": 2, "pp": 1}}
+
+
+def reference_target(run_dir: Path, job: str, pace: float, steps: int) -> list[str]:
+    """An agent's target: the reference workload (tiny GPT, snapshot every 2 steps, `pace` s per step,
+    layouts from `TABLE`), records under `run_dir/out`."""
+    (run_dir / "table.json").write_text(json.dumps(TABLE))
+    flags = {
+        "--model": "tiny",
+        "--steps": steps,
+        "--global-batch": 12,
+        "--job": job,
+        "--snapshot-every": 2,
+        "--min-step-seconds": pace,
+        "--out": "out",
+        "--table": run_dir / "table.json",
+    }
+    return ["-m", "tenplex.runtime.elastic", *(str(x) for kv in flags.items() for x in kv)]
 
 
 class Hosts:
@@ -49,8 +69,13 @@ class Hosts:
 
     def popen(self, name: str, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
         with open(log, "a") as out:
-            kw: dict[str, Any] = {"env": env, "stdout": out, "stderr": subprocess.STDOUT,
-                                  "stdin": subprocess.DEVNULL, "cwd": self.run_dir}  # fmt: skip
+            kw: dict[str, Any] = {
+                "env": env,
+                "stdout": out,
+                "stderr": subprocess.STDOUT,
+                "stdin": subprocess.DEVNULL,
+                "cwd": self.run_dir,
+            }
             p = self.net.popen(name, argv, **kw) if self.net is not None else subprocess.Popen(argv, **kw)
         self.procs.setdefault(name, []).append(p)
         return p
@@ -110,8 +135,13 @@ class Rendezvous:
         self.proc.wait(10)
 
 
-def wait_until(what: str, cond: Callable[[], bool], procs: dict[str, subprocess.Popen], timeout: float,
-               logs: Callable[[str], str] = lambda name: "") -> None:  # fmt: skip
+def wait_until(
+    what: str,
+    cond: Callable[[], bool],
+    procs: dict[str, subprocess.Popen],
+    timeout: float,
+    logs: Callable[[str], str] = lambda name: "",
+) -> None:
     """Until `cond`; one of `procs` ending meanwhile, or the timeout, fails with their logs."""
     deadline = time.monotonic() + timeout
     while not cond():
@@ -125,8 +155,15 @@ def wait_until(what: str, cond: Callable[[], bool], procs: dict[str, subprocess.
 class AgentJob:
     """One job's agents on `hosts`: started, stopped (a planned leave), lost; the rendezvous apart."""
 
-    def __init__(self, hosts: Hosts, job: str, target: list[str], nodes: str = "1:2", nproc: int = 2,
-                 extra: Sequence[str] = ()) -> None:  # fmt: skip
+    def __init__(
+        self,
+        hosts: Hosts,
+        job: str,
+        target: list[str],
+        nodes: str = "1:2",
+        nproc: int = 2,
+        extra: Sequence[str] = (),
+    ) -> None:
         self.hosts, self.job, self.target, self.nodes, self.nproc = hosts, job, target, nodes, nproc
         self.extra = list(extra)
         self.agents: dict[str, subprocess.Popen] = {}
@@ -137,10 +174,32 @@ class AgentJob:
     def start(self, name: str) -> subprocess.Popen:
         addr = self.hosts.add(name)
         self.stores.setdefault(name, self.hosts.port(name, 7070))
-        cmd = [sys.executable, "-m", "tenplex.cli.main", "agent", "--nnodes", self.nodes, "--nproc-per-node",
-               str(self.nproc), "--rdzv-endpoint", self.endpoint, "--rdzv-id", self.job, "--rdzv-conf",
-               "is_host=false", "--advertise", addr, "--store-port", str(self.stores[name]), "--store-memory",
-               "1GiB", "--run-dir", str(self.hosts.run_dir / name), *self.extra, *self.target]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "tenplex.cli.main",
+            "agent",
+            "--nnodes",
+            self.nodes,
+            "--nproc-per-node",
+            str(self.nproc),
+            "--rdzv-endpoint",
+            self.endpoint,
+            "--rdzv-id",
+            self.job,
+            "--rdzv-conf",
+            "is_host=false",
+            "--advertise",
+            addr,
+            "--store-port",
+            str(self.stores[name]),
+            "--store-memory",
+            "1GiB",
+            "--run-dir",
+            str(self.hosts.run_dir / name),
+            *self.extra,
+            *self.target,
+        ]
         p = self.hosts.popen(name, cmd, self.hosts.environ(), self.hosts.run_dir / f"agent-{name}.log")
         self.agents[name] = p
         return p
@@ -219,8 +278,11 @@ def _split(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def trained(out: Path, world: int, since: float = 0.0) -> int:
     """Steps trained by rounds of this world size that started after `since`."""
-    return sum(len(r["steps"]) for r in rounds(out) if r["ready"] and r["ready"]["world"] == world
-               and r["start"]["time"] > since)  # fmt: skip
+    return sum(
+        len(r["steps"])
+        for r in rounds(out)
+        if r["ready"] and r["ready"]["world"] == world and r["start"]["time"] > since
+    )
 
 
 def downtimes(out: Path) -> list[dict[str, Any]]:
@@ -231,6 +293,13 @@ def downtimes(out: Path) -> list[dict[str, Any]]:
     for a, b in pairwise(rs):
         step = b["steps"][1]["time"] - b["steps"][0]["time"] if len(b["steps"]) > 1 else 0.0
         gap = b["steps"][0]["time"] - a["steps"][-1]["time"] - step
-        found.append({"round": b["round"], "world": b["ready"]["world"], "downtime": gap,
-                      "last_step": a["steps"][-1]["time"], "loaded": b["start"]})  # fmt: skip
+        found.append(
+            {
+                "round": b["round"],
+                "world": b["ready"]["world"],
+                "downtime": gap,
+                "last_step": a["steps"][-1]["time"],
+                "loaded": b["start"],
+            }
+        )
     return found

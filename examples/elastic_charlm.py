@@ -17,12 +17,12 @@ import time
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 import tenplex
 from tenplex.data import ElasticSampler, TokenWindows, build_corpus
+from tenplex.integrations import TrainState
 
 CONTEXT = 16  # characters seen before the one to predict
 
@@ -51,18 +51,9 @@ def main() -> None:
     )
     fully_shard(model, mesh=init_device_mesh("cpu", (job.world,)))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    options = StateDictOptions(flatten_optimizer_state_dict=True)
-
-    def state() -> dict:
-        model_sd, optim_sd = get_state_dict(model, opt, options=options)
-        return {"model": model_sd, "optim": optim_sd, "sampler": sampler}
-
-    current = state()
-    step = job.resume(current)  # in place, from whatever layout wrote the snapshot
-    if job.resumed:
-        set_state_dict(
-            model, opt, model_state_dict=current["model"], optim_state_dict=current["optim"], options=options
-        )
+    # model and optimizer through DCP's state-dict API (the same names in every layout), plus the sampler
+    state = TrainState(model, opt, sampler=sampler)
+    step = job.resume(state)  # in place, from whatever layout wrote it; a fresh start keeps `opt` fresh
     job.ready(step, layout=f"fsdp{job.world}", sampler=sampler.state_dict())  # how the run names it
 
     while job.running(step):

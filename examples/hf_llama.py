@@ -45,10 +45,7 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     state = TrainState(model, opt, sampler=sampler)
 
-    current = state()
-    step = job.resume(current)
-    if job.resumed:
-        state.restore(current)
+    step = job.resume(state)  # loaded and restored; a fresh start leaves the optimizer fresh
     job.ready(step, layout=f"fsdp{job.world}", sampler=sampler.state_dict())
 
     while job.running(step):

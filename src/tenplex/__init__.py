@@ -1,7 +1,7 @@
 """tenplex: keep a PyTorch training job running while its devices change.
 
-`import tenplex` stays light: the torch integration (`save`, `load`, `persist`, `ElasticJob`) loads on
-first use, so the PTC core and the planner work without torch installed.
+`import tenplex` stays light: the torch integration (`save`, `load`, `persist`, `ElasticJob`,
+`TrainState`) loads on first use, so the PTC core and the planner work without torch installed.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ _LAZY = {
     "load": "transformer",
     "persist": "transformer",
     "ElasticJob": "runtime.job",
+    "TrainState": "integrations.state",
 }
 
 
@@ -29,4 +30,4 @@ def __getattr__(name: str) -> Any:
     return getattr(import_module(f".{module}", __name__), name)
 
 
-__all__ = ["ElasticJob", "PTCError", "TenplexError", "__version__", "load", "persist", "save"]
+__all__ = ["ElasticJob", "PTCError", "TenplexError", "TrainState", "__version__", "load", "persist", "save"]

@@ -145,11 +145,25 @@ class ElasticJob:
                         self._go_at = min(self._go_at, go.stat().st_mtime)
         return self._turn
 
-    def resume(self, state: dict[str, Any]) -> int:
-        """Load the newest committed snapshot into `state` in place; its step, or 0 when there is none. A
-        phase started ahead first waits for its turn (`wait_turn`); cancelled, it raises PhaseCancelled."""
+    def resume(self, state: State) -> int:
+        """Load the newest committed snapshot into `state` in place; its step, or 0 when there is none.
+        `state` may be a `tenplex.integrations.TrainState` (anything with `restore` and `start_fresh`):
+        then the loaded state is handed back to the model and optimizer, and a fresh start leaves the
+        optimizer as fresh as in the script without tenplex. A phase started ahead first waits for its
+        turn (`wait_turn`); cancelled, it raises PhaseCancelled."""
         if not self.wait_turn():
             raise PhaseCancelled()
+        current = _state(state)
+        self.resumed = False
+        step = self._load(current)
+        if self.resumed and hasattr(state, "restore"):
+            state.restore(current)
+        elif not self.resumed and hasattr(state, "start_fresh"):
+            state.start_fresh()
+        return step
+
+    def _load(self, state: dict[str, Any]) -> int:
+        """The load and its record: the snapshot's step, 0 for a fresh start."""
         try:
             info = load(state, job=self.name, path=self.durable, store=self.store, sources=self.sources)
         except NoSnapshotError:  # every store the job used said so: the one way to a fresh start

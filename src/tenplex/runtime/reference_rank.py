@@ -45,12 +45,15 @@ def run(spec: WorkerSpec) -> int:
         if not job.wait_turn():  # the old layout ended otherwise: this one never runs
             dist.destroy_process_group()
             return 0
-    state = trainer.state_dict()
+    fresh_optimizer = not trainer.optimizer.state
+    state = trainer.state_dict()  # DCP gives a fresh optimizer its state: a zero step at lr 0
     job.resume(state)
     if job.resumed:
         trainer.load_state_dict(state)
     elif job.ahead:  # the rehearsed step would stay in the model: never train on from it
         raise JobError("a phase started ahead found no snapshot to start from")
+    elif fresh_optimizer:  # as `tenplex train` starts: AdamW's first step is step 1, not 2
+        trainer.optimizer.state.clear()
     job.ready(trainer.step, sampler=trainer.sampler.state_dict())
     ledger = trainer.pp_rank == 0 and trainer.tp_rank == 0  # one writer per dp rank
     pace = spec.min_step_seconds

@@ -174,6 +174,7 @@ def figure(run_dir: Path, static: dict[int, float] | None = None) -> Figure:
     """The run's figure (not saved): devices, loss, the difference from `static` when given, downtimes."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     recs = timeline(run_dir)
     elastic, changed = losses(recs), changes(recs)
@@ -181,8 +182,11 @@ def figure(run_dir: Path, static: dict[int, float] | None = None) -> Figure:
     fig = Figure(figsize=(11, 2.9 * len(rows) + 0.6), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)  # drawn off screen, whatever backend pyplot has
     axes = fig.subplots(len(rows), 1, gridspec_kw={"height_ratios": rows})
+    for ax, name in zip(axes, ["devices", "loss"] + (["difference"] if static else []) + ["downtime"]):
+        ax.set_label(name)  # how a reader of the figure (a test) finds the panel
     for ax in axes[1:-1]:
         ax.sharex(axes[0])
+    axes[0].xaxis.set_major_locator(MaxNLocator(integer=True))  # steps; shared with the panels below
     labels = _devices_panel(axes[0], phases(recs), changed)
     _loss_panel(axes[1], elastic, static, changed)
     if static:

@@ -89,9 +89,9 @@ def _death(ax: Axes, c: dict[str, Any]) -> Annotation:
     lost = c["lost"] or []
     who = ("rank " if len(lost) == 1 else "ranks ") + ", ".join(map(str, lost))
     text = f"{who} died at step {c['died']},\nresumed from step {c['step']}"
-    box = {"fc": "white", "ec": "none", "alpha": 0.8, "pad": 1}
-    return ax.annotate(text, (c["died"], old), xytext=(8, -26), textcoords="offset points", ha="left",
-                       fontsize=7, color=red, bbox=box)  # fmt: skip
+    style = {"ha": "left", "va": "center", "fontsize": 7, "color": red,
+             "bbox": {"fc": "white", "ec": "none", "alpha": 0.8, "pad": 1}}  # fmt: skip
+    return ax.annotate(text, (c["died"], old), xytext=(10, 0), textcoords="offset points", **style)
 
 
 def _loss_panel(ax: Axes, elastic: dict[int, float], static: dict[int, float] | None,
@@ -186,7 +186,8 @@ def figure(run_dir: Path, static: dict[int, float] | None = None) -> Figure:
         ax.set_label(name)  # how a reader of the figure (a test) finds the panel
     for ax in axes[1:-1]:
         ax.sharex(axes[0])
-    axes[0].xaxis.set_major_locator(MaxNLocator(integer=True))  # steps; shared with the panels below
+    steps = MaxNLocator(integer=True, steps=[1, 2, 5, 10])  # whole steps, shared with the panels below
+    axes[0].xaxis.set_major_locator(steps)
     labels = _devices_panel(axes[0], phases(recs), changed)
     _loss_panel(axes[1], elastic, static, changed)
     if static:

@@ -29,6 +29,11 @@ from .phase import Phase
 PARTS = ("stop", "save", "go", "exit", "persist", "start", "process_group", "build", "load", "first_step")
 
 
+def shown_parts(reconfigs: list[dict[str, Any]]) -> list[str]:
+    """The parts worth a column of the table or a colour of the plot: 5 ms or more in some change."""
+    return [p for p in (*PARTS, "other") if any(abs(r["parts"].get(p, 0.0)) >= 0.005 for r in reconfigs)]
+
+
 def _first(phase: Phase, kind: str) -> dict | None:
     return next((r for r in phase.records if r["kind"] == kind), None)
 

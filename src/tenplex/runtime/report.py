@@ -13,20 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from ..data.sampler import ElasticSampler
+from .history import changes, losses, timeline
 from .records import read_records
 
-
-def timeline(run_dir: Path) -> list[dict[str, Any]]:
-    return read_records(run_dir / "timeline.jsonl")[0]
-
-
-def losses(records: list[dict[str, Any]]) -> dict[int, float]:
-    """Loss per step; a step run again after a failure keeps its last value."""
-    out: dict[int, float] = {}
-    for r in records:
-        if r["kind"] == "worker" and r["event"] == "step":
-            out[r["step"]] = r["loss"]
-    return dict(sorted(out.items()))
+__all__ = ["ledger", "losses", "plot", "print_report", "recoveries", "summary", "timeline", "write_json"]
 
 
 def ledger(run_dir: Path) -> dict[str, Any]:
@@ -101,7 +91,7 @@ def summary(run_dir: Path, static: dict[int, float] | None = None, tolerance: fl
     out: dict[str, Any] = {
         "run_dir": str(run_dir),
         "steps": max(elastic, default=0),
-        "reconfigurations": [r for r in recs if r["kind"] == "reconfig"],
+        "reconfigurations": changes(recs),
         "failures": [r for r in recs if r["kind"] in ("fail", "crash")],
         "recoveries": recoveries(recs),
         "skipped_snapshots": [r for r in recs if r["kind"] == "snapshots_skipped"],
@@ -124,60 +114,10 @@ def summary(run_dir: Path, static: dict[int, float] | None = None, tolerance: fl
 
 
 def plot(run_dir: Path, out: Path, static: dict[int, float] | None = None) -> Path:
-    """Devices and layout over time, loss against step with the reconfigurations marked, and downtimes."""
-    import matplotlib
+    """The run's plot (`runtime.plot`, which needs matplotlib), written to `out`."""
+    from .plot import plot as draw
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    recs = timeline(run_dir)
-    t0 = recs[0]["time"] if recs else 0.0
-    launches = [r for r in recs if r["kind"] == "launch"]
-    reconfigs = [r for r in recs if r["kind"] == "reconfig"]
-    # a phase is named by what its ranks report running (a script's own name), else by its launch
-    named = {r["phase"]: r["layout"] for r in recs if r["kind"] == "worker" and r["event"] == "ready"}
-    fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(10, 10), gridspec_kw={"height_ratios": [2, 3, 2]})
-    for i, r in enumerate(launches):
-        start = r["time"] - t0
-        end = launches[i + 1]["time"] - t0 if i + 1 < len(launches) else recs[-1]["time"] - t0
-        ax1.hlines(len(r["devices"]), start, end, lw=4)
-        ax1.annotate(
-            named.get(r["phase"], r["layout"]),
-            (start, len(r["devices"])),
-            textcoords="offset points",
-            xytext=(2, 6),
-            fontsize=8,
-        )
-    for r in recs:
-        if r["kind"] in ("fail", "crash"):
-            ax1.axvline(r["time"] - t0, color="red", ls="--", lw=1)
-    ax1.set_xlabel("time (s)")
-    ax1.set_ylabel("devices")
-    ax1.set_title("devices and layout over time (red: failures)")
-    el = losses(recs)
-    ax2.plot(list(el), list(el.values()), label="elastic run", lw=1.5)
-    if static:
-        ax2.plot(list(static), list(static.values()), "--", label="static run", lw=1)
-    for r in reconfigs:
-        ax2.axvline(r["step"], color="red" if r["failure"] else "gray", ls=":", lw=1)
-    ax2.set_xlabel("step")
-    ax2.set_ylabel("loss")
-    ax2.legend()
-    ax2.set_title("loss (dotted lines: reconfigurations)")
-    labels = [f"{r['from']}\n->{r['to']}" for r in reconfigs]
-    ax3.bar(
-        range(len(reconfigs)),
-        [r["downtime"] for r in reconfigs],
-        color=["red" if r["failure"] else "steelblue" for r in reconfigs],
-    )
-    ax3.set_xticks(range(len(reconfigs)), labels, fontsize=7)
-    ax3.set_ylabel("downtime (s)")
-    ax3.set_title("downtime of each reconfiguration (red: failure recovery)")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
-    return out
+    return draw(run_dir, out, static)
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -187,12 +127,12 @@ def write_json(path: Path, data: Any) -> None:
 def print_breakdown(reconfigs: list[dict]) -> None:
     """Where each reconfiguration's downtime went (`runtime.downtime` names the parts)."""
     from ..util import print_table
-    from .downtime import PARTS
+    from .downtime import shown_parts
 
     timed = [r for r in reconfigs if r.get("parts")]
     if not timed:
         return
-    names = [p for p in (*PARTS, "other") if any(abs(r["parts"].get(p, 0.0)) >= 0.005 for r in timed)]
+    names = shown_parts(timed)
     rows = [
         [f"{r['from']} -> {r['to']}", f"{r['downtime']:.2f}"]
         + [f"{r['parts'].get(p, 0.0):.2f}" for p in names]
@@ -214,12 +154,11 @@ def print_report(s: dict) -> None:
     rows = []
     for r in s["reconfigurations"]:
         moved = sum(v for k, v in r["bytes"].items() if k != "kept")
-        kind = "failure" if r["failure"] else ("redeploy" if r["redeploy"] else "planned")
         rows.append(
             [
                 f"{r['from']} -> {r['to']}",
-                kind,
-                str(r["step"]),
+                r["change"],
+                str(r["step"]) if r["died"] is None else f"{r['died']} (resumed {r['step']})",
                 f"{r['downtime']:.1f} s",
                 f"{r['load_seconds'] or 0:.2f} s",
                 human_bytes(moved),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -121,3 +122,43 @@ def test_sigusr1_prints_every_threads_stack_and_the_command_goes_on(tmp_path):
         p.terminate()
         p.wait(20)
     assert p.returncode == 0
+
+
+def _every_option() -> list[tuple[str, argparse.Action]]:
+    """(command path, action) for every option and positional of every (sub-)command, aliases once."""
+    from tenplex.cli.main import build_parser
+
+    out, seen = [], set()
+    todo = [("tenplex", build_parser())]
+    while todo:
+        path, parser = todo.pop()
+        if id(parser) in seen:
+            continue
+        seen.add(id(parser))
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                todo += [(f"{path} {name}", p) for name, p in action.choices.items()]
+            elif not isinstance(action, argparse._HelpAction):
+                out.append((path, action))
+    return out
+
+
+def test_every_flag_of_every_command_says_what_it_does_and_its_default():
+    from tenplex.cli.main import _HelpFormatter
+
+    options = _every_option()
+    assert len(options) > 150 and {p for p, _ in options} >= {"tenplex choose", "tenplex store ls"}
+    shown = _HelpFormatter("tenplex")
+    missing, no_default = [], []
+    for path, action in options:
+        flag = "/".join(action.option_strings) or action.dest
+        if getattr(action, "renamed_to", None):  # a refused old spelling, hidden on purpose
+            assert action.help == argparse.SUPPRESS, flag
+        elif not action.help or action.help == argparse.SUPPRESS:
+            missing.append(f"{path} {flag}")
+        elif action.default not in (None, False, "", []) and not isinstance(action.default, bool):
+            text = shown._get_help_string(action) % {"default": action.default}
+            if "default" not in text:  # the formatter's "(default: X)", or the help's own words
+                no_default.append(f"{path} {flag}: {text!r}")
+    assert not missing, "options without help text:\n" + "\n".join(sorted(missing))
+    assert not no_default, "options whose help hides their default:\n" + "\n".join(sorted(no_default))

@@ -66,7 +66,7 @@ def _box(box: list[list[int]]) -> str:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="what a snapshot holds: tensors, layout, sizes, holders and replicas")
-    p.add_argument("--job", required=True)
+    p.add_argument("--job", required=True, help="the job name the snapshots were saved under")
     p.add_argument("--step", type=int, default=None, help="version (default: the newest committed)")
     add_store_args(p)
     p.add_argument("--limit", type=int, default=40, help="rows to show")

@@ -181,7 +181,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     cmd.add_argument("--from", dest="source", required=True, metavar="LAYOUT", help="e.g. dp=1,tp=4,pp=2")
     cmd.add_argument("--to", dest="target", required=True, metavar="LAYOUT", help="e.g. dp=2,tp=4,pp=2")
     cmd.add_argument("--devices", type=int, help="number of new devices (checked against --to)")
-    cmd.add_argument("--devices-per-host", type=int, default=8)
+    cmd.add_argument("--devices-per-host", type=int, default=8, help="devices of one host, old and new")
     cmd.add_argument(
         "--lost-hosts",
         type=_int_list,

@@ -108,7 +108,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     k.add_argument("--nodes", required=True, metavar="MIN:MAX", help="pods, one per node: N or MIN:MAX")
     k.add_argument("--kind", default="pytorchjob", help=f"{' or '.join(KINDS)} (default pytorchjob)")
     k.add_argument("--initial-nodes", type=int, default=None, help="pods at the start (default MAX)")
-    k.add_argument("--namespace", default=None, help="the objects' namespace (default: kubectl's current one)")
+    k.add_argument(
+        "--namespace", default=None, help="the objects' namespace (default: kubectl's current one)"
+    )
     k.add_argument("--cpu", default=None, help="per pod, e.g. 16 or 7500m")
     k.add_argument("--gpu-resource", default="nvidia.com/gpu", help="the resource --gpus asks for")
     k.add_argument(

@@ -15,7 +15,16 @@ from typing import Any
 from ..ptc import TenplexError
 
 # command modules in src/tenplex/cli/, each defining register(subparsers) -> None
-COMMANDS = ("plan_cmd", "store_cmd", "train_cmd", "inspect_cmd", "run_cmd", "agent_cmd", "deploy_cmd")
+COMMANDS = (
+    "plan_cmd",
+    "choose_cmd",
+    "store_cmd",
+    "train_cmd",
+    "inspect_cmd",
+    "run_cmd",
+    "agent_cmd",
+    "deploy_cmd",
+)
 
 
 class _HelpFormatter(argparse.HelpFormatter):

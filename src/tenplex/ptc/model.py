@@ -66,7 +66,8 @@ class ModelSpec:
     tied: bool = False  # (GPTConfig's: the reference workload's rule, never for a user's model)
 
     def param_count(self) -> int:
-        return sum(prod(p.shape) for p in self.params)
+        """Parameters only: a PTC's own optimizer state (`optim.*`) is not counted."""
+        return sum(prod(p.shape) for p in self.params if self.optimizer or not p.name.startswith("optim."))
 
     def check(self, dp: int, tp: int, pp: int) -> None:
         if tp > 1 and not self.tp_known:
@@ -75,6 +76,19 @@ class ModelSpec:
                 "describe the model in a file (--model FILE) to plan or rank tensor parallelism"
             )
         check_layout(self, dp, tp, pp)
+
+    def to_json(self) -> dict[str, Any]:
+        """The description file of this model (`from_json` reads it back)."""
+        tensors = [{"name": p.name, "shape": list(p.shape), "dtype": p.dtype, "tp_dim": p.tp_dim,
+                    "layer": list(p.where) if len(p.where) > 1 else p.where[0] if p.where else "all"}
+                   for p in self.params]  # fmt: skip
+        sizes = {"layers": self.layers, "heads": self.heads, "hidden": self.hidden, "seq": self.seq}
+        return {
+            "format": FORMAT,
+            **sizes,
+            "optimizer": "adamw" if self.optimizer else "none",
+            "tensors": tensors,
+        }
 
     @classmethod
     def from_json(cls, data: Any) -> ModelSpec:

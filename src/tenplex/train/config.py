@@ -83,7 +83,9 @@ class Renamed(argparse.Action):
         super().__init__(option_strings, dest, **kwargs)
         self.renamed_to = renamed_to
 
-    def __call__(self, parser: argparse.ArgumentParser, ns: argparse.Namespace, values: Any, opt: Any = None) -> None:
+    def __call__(
+        self, parser: argparse.ArgumentParser, ns: argparse.Namespace, values: Any, opt: Any = None
+    ) -> None:
         parser.error(f"{opt} is now {self.renamed_to} (--schedule is the resource schedule of `tenplex run`)")
 
 
@@ -99,13 +101,17 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--micro-batch", type=int, default=d.micro_batch, help="samples per micro-batch (0: auto)")
     p.add_argument("--seed", type=int, default=d.seed, help="seeds the weights and the sample order")
     p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (AdamW)")
-    p.add_argument("--warmup", type=int, default=d.warmup, help="linear warm-up steps before the cosine decay")
+    p.add_argument(
+        "--warmup", type=int, default=d.warmup, help="linear warm-up steps before the cosine decay"
+    )
     p.add_argument("--total-steps", type=int, default=d.total_steps, help="cosine horizon (0: --steps)")
     p.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW's, on matrices only")
     p.add_argument("--clip", type=float, default=d.clip, help="gradient-norm clip (0: off)")
     p.add_argument("--pp-schedule", choices=("gpipe", "1f1b"), default=d.pp_schedule,
                    help="the pipeline schedule of the micro-batches (with --pp above 1)")  # fmt: skip
-    p.add_argument("--schedule", nargs="?", action=Renamed, renamed_to="--pp-schedule", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--schedule", nargs="?", action=Renamed, renamed_to="--pp-schedule", help=argparse.SUPPRESS
+    )
     p.add_argument("--corpus", default=None, help="a built corpus directory")
     p.add_argument("--source", dest="sources", action="append", default=[], help="text file/dir (repeat)")
     p.add_argument("--eval-every", type=int, default=d.eval_every, help="held-out loss every N steps")

@@ -268,7 +268,7 @@ def test_a_snapshot_on_the_stores_is_planned_ranked_inspected_and_listed(tmp_pat
         ptc = PTC.from_json(StoreClient(sp.url).manifest("snap", 3)["ptc"])
         spec = ModelSpec.from_ptc(ptc)
         split = ModelSpec(
-            tuple(Param(p.name, p.shape, p.dtype, 0, p.where) for p in spec.params), 5, 2, optimizer=False
+            tuple(Param(p.name, p.shape, p.dtype, 0, p.where) for p in spec.params), 4, 2, optimizer=False
         )
         r = tenplex("plan", *on, "--model", _describe(tmp_path, split), "--to", "tp=2", "--json")
         assert r.returncode == 0 and json.loads(r.stdout)["to"]["tp"] == 2, r.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -121,3 +122,172 @@ def test_sigusr1_prints_every_threads_stack_and_the_command_goes_on(tmp_path):
         p.terminate()
         p.wait(20)
     assert p.returncode == 0
+
+
+def _every_option() -> list[tuple[str, argparse.Action]]:
+    """(command path, action) for every option and positional of every (sub-)command, aliases once."""
+    from tenplex.cli.main import build_parser
+
+    out, seen = [], set()
+    todo = [("tenplex", build_parser())]
+    while todo:
+        path, parser = todo.pop()
+        if id(parser) in seen:
+            continue
+        seen.add(id(parser))
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                todo += [(f"{path} {name}", p) for name, p in action.choices.items()]
+            elif not isinstance(action, argparse._HelpAction):
+                out.append((path, action))
+    return out
+
+
+def test_every_flag_of_every_command_says_what_it_does_and_its_default():
+    from tenplex.cli.main import _HelpFormatter
+
+    options = _every_option()
+    assert len(options) > 150 and {p for p, _ in options} >= {"tenplex choose", "tenplex store ls"}
+    shown = _HelpFormatter("tenplex")
+    missing, no_default = [], []
+    for path, action in options:
+        flag = "/".join(action.option_strings) or action.dest
+        if getattr(action, "renamed_to", None):  # a refused old spelling, hidden on purpose
+            assert action.help == argparse.SUPPRESS, flag
+        elif not action.help or action.help == argparse.SUPPRESS:
+            missing.append(f"{path} {flag}")
+        elif action.default not in (None, False, "", []) and not isinstance(action.default, bool):
+            text = shown._get_help_string(action) % {"default": action.default}
+            if "default" not in text:  # the formatter's "(default: X)", or the help's own words
+                no_default.append(f"{path} {flag}: {text!r}")
+    assert not missing, "options without help text:\n" + "\n".join(sorted(missing))
+    assert not no_default, "options whose help hides their default:\n" + "\n".join(sorted(no_default))
+
+
+def test_train_refuses_the_old_pipeline_schedule_spelling_with_a_pointer():
+    r = tenplex("train", "--pp", "2", "--schedule", "gpipe")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "--schedule is now --pp-schedule" in r.stderr
+    from tenplex.train.config import TrainConfig, add_train_args, config_from_args
+
+    p = argparse.ArgumentParser()
+    add_train_args(p)
+    assert config_from_args(p.parse_args(["--pp-schedule", "gpipe"])).pp_schedule == "gpipe"
+    assert "schedule" not in TrainConfig.__dataclass_fields__  # `run --schedule` alone means a schedule
+
+
+def test_plan_unrecoverable_line_pairs_a_tensor_with_its_own_box():
+    from tenplex.ptc import Box
+
+    args = ["plan", "--model", "tiny", "--from", "dp=1,tp=2,pp=2", "--to", "dp=1,tp=2,pp=1",
+            "--devices-per-host", "2", "--lost-hosts", "1"]  # fmt: skip
+    lost = json.loads(tenplex(*args, "--json").stdout)["unrecoverable"]
+    first = min(u["tensor"] for u in lost)
+    assert lost[0]["tensor"] != first  # the case where the first-named tensor is not the first box listed
+    line = next(ln for ln in tenplex(*args).stdout.splitlines() if ln.startswith("UNRECOVERABLE"))
+    shown = line.split("e.g. ", 1)[1]
+    assert shown.startswith(first + " ")
+    assert shown in {f"{u['tensor']} {Box.from_json(u['box'])}" for u in lost}, (shown, lost[:3])
+
+
+def _describe(tmp_path, spec, name: str = "model.json") -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(spec.to_json()))
+    return str(path)
+
+
+def test_a_model_description_file_plans_and_ranks_as_the_preset_it_describes(tmp_path):
+    from tenplex.ptc.gpt import gpt_spec, preset
+
+    path = _describe(tmp_path, gpt_spec(preset("small")))
+    layouts = ["--from", "dp=1,tp=2,pp=2", "--to", "dp=2,tp=4,pp=1", "--devices-per-host", "2", "--json"]
+    a, b = (json.loads(tenplex("plan", "--model", m, *layouts).stdout) for m in ("small", path))
+    for d in (a, b):
+        del d["model"], d["plan_seconds"], d["central"]["plan_seconds"]
+    assert a == b and a["bytes"]["cross_host"] > 0
+    a, b = (
+        json.loads(tenplex("choose", "--model", m, "--devices", "4", "--json").stdout)
+        for m in ("small", path)
+    )
+    assert a["ranking"] == b["ranking"] and len(a["ranking"]) == 6
+    assert b["choice"]["tp"] == 1 or b["choice"] == {**b["ranking"][0], "from": "cost model"}
+
+
+@pytest.mark.parametrize(
+    ("description", "message"),
+    [
+        ({"tensors": [{"name": "w", "shape": [4, 4], "tp_dim": 0}]}, "need `heads`"),
+        (
+            {"heads": 2, "tensors": [{"name": "w", "shape": [4, 4], "tp_dim": 2}]},
+            "tp_dim 2 is not one of its 2 dims",
+        ),
+        ({"tensors": [{"name": "w", "shape": [4], "layer": "middle"}]}, "layer 'middle' is not"),
+        ({"tensors": [{"name": "w", "shape": [4], "split": 0}]}, "unknown keys split"),
+        ({"tensors": [{"name": "w", "shape": [4], "dtype": "float8"}]}, "tensor 'w': "),
+        (
+            {"layers": 2, "tensors": [{"name": "w", "shape": [4], "layer": 5}]},
+            "names layer 5, but the model has 2",
+        ),
+        ({"heads": 3, "tensors": [{"name": "w", "shape": [6], "tp_dim": 0}]}, "tp=2 does not divide"),
+        ([], "a model description is"),
+    ],
+)
+def test_a_bad_model_description_is_one_line_and_exit_2(tmp_path, description, message):
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(description))
+    r = tenplex("plan", "--model", str(path), "--from", "tp=1", "--to", "tp=2")
+    assert r.returncode == 2 and message in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    r = tenplex("plan", "--model", str(tmp_path / "nope.yaml"), "--from", "tp=1", "--to", "tp=2")
+    assert r.returncode == 2 and "no such model description file" in r.stderr
+
+
+def test_a_snapshot_on_the_stores_is_planned_ranked_inspected_and_listed(tmp_path):
+    """`--job` on a store: plan and choose on the snapshot's own tensors; `inspect --run-dir` finds the
+    run's job and stores; `store ls --json`."""
+    import torch
+
+    import tenplex as tx
+    from tenplex.ptc import PTC, ModelSpec
+    from tenplex.ptc.model import Param
+    from tenplex.runtime.hosts import EmulatedHosts
+    from tenplex.runtime.records import Records
+    from tenplex.store import StoreClient, start_store
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(32, 8), *(torch.nn.Linear(8, 8) for _ in range(3)))
+    with start_store() as sp:
+        tx.save({"model": model, "step": 3}, job="snap", step=3, store=sp.url)
+        on = ["--job", "snap", "--store", sp.url]
+        d = json.loads(tenplex("plan", *on, "--to", "dp=2,pp=2", "--devices-per-host", "2", "--json").stdout)
+        assert d["tensors"] == 7 and d["from"] == {"snapshot": "snap@3", "ranks": 1}
+        assert d["bytes"]["total_state"] == sum(p.numel() * 4 for p in model.parameters())
+        assert d["bytes"]["kept"] > 0 and len(d["assignment"]["devices"]) == 4
+        r = tenplex("plan", *on, "--to", "tp=2")
+        assert r.returncode == 2 and "does not say how its tensors split over tp" in r.stderr
+        # the snapshot's tensors described with their tp split: tp planned on them
+        ptc = PTC.from_json(StoreClient(sp.url).manifest("snap", 3)["ptc"])
+        spec = ModelSpec.from_ptc(ptc)
+        split = ModelSpec(
+            tuple(Param(p.name, p.shape, p.dtype, 0, p.where) for p in spec.params), 4, 2, optimizer=False
+        )
+        r = tenplex("plan", *on, "--model", _describe(tmp_path, split), "--to", "tp=2", "--json")
+        assert r.returncode == 0 and json.loads(r.stdout)["to"]["tp"] == 2, r.stderr
+        c = json.loads(tenplex("choose", *on, "--devices", "4", "--json").stdout)
+        assert {(e["dp"], e["tp"], e["pp"]) for e in c["ranking"]} == {(4, 1, 1), (2, 1, 2), (1, 1, 4)}
+        # a run directory as `tenplex run` writes it
+        run = tmp_path / "run"
+        run.mkdir()
+        hosts = EmulatedHosts(run)
+        hosts.stores = {"h0": {"url": sp.url, "pid": sp.proc.pid}}
+        hosts.save()
+        timeline = Records(run / "timeline.jsonl")
+        timeline.write("start", job="snap", steps=3)
+        timeline.close()
+        i = json.loads(tenplex("inspect", "--run-dir", str(run), "--json").stdout)
+        assert i["job"] == "snap" and i["step"] == 3 and len(i["pieces"]) == 7
+        r = tenplex("inspect", "--run-dir", str(tmp_path))
+        assert r.returncode == 2 and "no cluster.json" in r.stderr
+        ls = json.loads(tenplex("store", "ls", "--store", sp.url, "--json").stdout)
+        assert [(v["job"], v["step"], v["committed"]) for v in ls["versions"]] == [("snap", 3, True)]
+        ls = json.loads(tenplex("store", "ls", "--store", sp.url, "--blobs", "--json").stdout)
+        assert len(ls["versions"][0]["blob_list"]) == 7

@@ -56,7 +56,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
             "2,1,1": Case(cfg(2, 1, 1), record_params=True, save_at=10, checkpoint=ckpt),
             "1,2,1": Case(cfg(1, 2, 1), record_params=True),
             "1,1,2": Case(cfg(1, 1, 2), record_params=True),
-            "1,1,2-gpipe": Case(cfg(1, 1, 2, schedule="gpipe"), record_params=True),
+            "1,1,2-gpipe": Case(cfg(1, 1, 2, pp_schedule="gpipe"), record_params=True),
             "2,1,1-fsdp": Case(cfg(2, 1, 1, fsdp=True), record_params=True),
         },
         4: {

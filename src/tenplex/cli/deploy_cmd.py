@@ -86,8 +86,8 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", required=True, help="the job: object names, rendezvous id, token file")
     p.add_argument("--nproc-per-node", type=int, required=True, help="training processes per host")
     p.add_argument("--store-memory", default="8GiB", metavar="SIZE", help="each host's store (default 8GiB)")
-    p.add_argument("--store-port", type=int, default=7070)
-    p.add_argument("--rdzv-port", type=int, default=29400)
+    p.add_argument("--store-port", type=int, default=7070, help="each host's store listens here")
+    p.add_argument("--rdzv-port", type=int, default=29400, help="the rendezvous endpoint's port")
     p.add_argument("--max-restarts", type=int, default=3, help="worker group restarts (default 3)")
     p.add_argument("--snapshot-replicas", type=int, default=None, metavar="R",
                    help="copies of each snapshot on other hosts (agent --replicas)")  # fmt: skip
@@ -108,7 +108,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     k.add_argument("--nodes", required=True, metavar="MIN:MAX", help="pods, one per node: N or MIN:MAX")
     k.add_argument("--kind", default="pytorchjob", help=f"{' or '.join(KINDS)} (default pytorchjob)")
     k.add_argument("--initial-nodes", type=int, default=None, help="pods at the start (default MAX)")
-    k.add_argument("--namespace", default=None)
+    k.add_argument(
+        "--namespace", default=None, help="the objects' namespace (default: kubectl's current one)"
+    )
     k.add_argument("--cpu", default=None, help="per pod, e.g. 16 or 7500m")
     k.add_argument("--gpu-resource", default="nvidia.com/gpu", help="the resource --gpus asks for")
     k.add_argument(
@@ -128,9 +130,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument(
         "--nodes", required=True, metavar="N", help="nodes: N, or MIN:MAX (sbatch --nodes=MIN-MAX)"
     )
-    s.add_argument("--partition", default=None)
+    s.add_argument("--partition", default=None, help="sbatch --partition (default: the cluster's)")
     s.add_argument("--time", default=None, help="sbatch --time, e.g. 1-00:00:00")
-    s.add_argument("--account", default=None)
+    s.add_argument("--account", default=None, help="sbatch --account to charge (default: yours)")
     s.add_argument("--cpus", type=int, default=None, help="per node")
     s.add_argument(
         "--token-file", default=None, help="on the shared filesystem (default $HOME/.tenplex/NAME.token)"

@@ -10,14 +10,45 @@ import faulthandler
 import signal
 import sys
 from importlib import import_module
+from typing import Any
 
 from ..ptc import TenplexError
 
 # command modules in src/tenplex/cli/, each defining register(subparsers) -> None
-COMMANDS = ("plan_cmd", "store_cmd", "train_cmd", "inspect_cmd", "run_cmd", "agent_cmd", "deploy_cmd")
+COMMANDS = (
+    "plan_cmd",
+    "choose_cmd",
+    "store_cmd",
+    "train_cmd",
+    "inspect_cmd",
+    "run_cmd",
+    "agent_cmd",
+    "deploy_cmd",
+)
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every option's help shows its default, unless the help text already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or default is None
+            or default is False  # a flag: off unless given
+            or default in ("", [], argparse.SUPPRESS)
+            or isinstance(action, argparse._HelpAction)
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:  # one line, exit 2
         print(f"tenplex: error: {message}", file=sys.stderr)
         raise SystemExit(2)

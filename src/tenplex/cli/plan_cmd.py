@@ -7,8 +7,9 @@ import json
 import time
 
 from ..planner import Bandwidth, Plan, assign_plan, central_plan, plan
-from ..ptc import GPTConfig, Mesh, PTCError, device_id, gpt_ptc, preset
+from ..ptc import PTC, Mesh, ModelSpec, PTCError, device_id, model_ptc
 from ..util import human_bytes, print_table
+from .args import MODEL_HELP, add_snapshot_args, model_spec, snapshot
 
 LAYOUT_KEYS = ("dp", "tp", "pp")
 
@@ -47,14 +48,29 @@ def allocate_devices(
     return pool[:count]
 
 
-def build_plans(args: argparse.Namespace) -> tuple[Plan, Plan, Plan]:
-    """The plan, the central baseline and the plan with devices taken in numbering order."""
-    cfg: GPTConfig = preset(args.model)
-    src, dst = parse_layout(args.source), parse_layout(args.target)
+def source(args: argparse.Namespace) -> tuple[str, ModelSpec, PTC]:
+    """The model's label, its description and the old PTC: a snapshot's own (`--job`), else the model's
+    symbolic PTC in the `--from` layout."""
+    if args.job:
+        if args.source:
+            raise PTCError("--from is the snapshot's own layout with --job: leave it out")
+        label, old = snapshot(args)
+        spec = model_spec(args.model)[1] if args.model else ModelSpec.from_ptc(old)
+        return label, spec, old
+    if not args.model or not args.source:
+        raise PTCError("the following arguments are required: --model and --from (or --job)")
+    label, spec = model_spec(args.model)
+    src = parse_layout(args.source)
     dph = args.devices_per_host
-    if dph < 1:
+    return label, spec, model_ptc(spec, src["dp"], src["tp"], src["pp"], devices_per_host=dph, zero=args.zero)
+
+
+def build_plans(args: argparse.Namespace) -> tuple[str, Plan, Plan, Plan]:
+    """The plan, the central baseline and the plan with devices taken in numbering order."""
+    if args.devices_per_host < 1:
         raise PTCError("--devices-per-host must be at least 1")
-    old = gpt_ptc(cfg, src["dp"], src["tp"], src["pp"], devices_per_host=dph, zero=args.zero)
+    label, spec, old = source(args)
+    dst = parse_layout(args.target)
     hosts = old.mesh.host_names()
     lost_hosts = set()
     for h in args.lost_hosts:
@@ -64,21 +80,23 @@ def build_plans(args: argparse.Namespace) -> tuple[Plan, Plan, Plan]:
     n = dst["dp"] * dst["tp"] * dst["pp"]
     if args.devices is not None and args.devices != n:
         raise PTCError(f"--to {args.target} needs {n} devices, but --devices is {args.devices}")
-    devices = allocate_devices(old.mesh, n, dph, lost_hosts, args.redeploy)
-    numbered = gpt_ptc(cfg, dst["dp"], dst["tp"], dst["pp"], devices=devices, zero=args.zero)
+    devices = allocate_devices(old.mesh, n, args.devices_per_host, lost_hosts, args.redeploy)
+    numbered = model_ptc(spec, dst["dp"], dst["tp"], dst["pp"], devices=devices, zero=args.zero)
     bw = Bandwidth(network=args.network_gbps * 1e9, local=args.local_gbps * 1e9)
     if args.assign == "match":
         p, by_numbering = assign_plan(old, numbered, lost_hosts, bw)
     else:
         p = by_numbering = plan(old, numbered, lost_hosts, bw)
-    return p, central_plan(old, p.new, lost_hosts, bw), by_numbering
+    return label, p, central_plan(old, p.new, lost_hosts, bw), by_numbering
 
 
-def report(p: Plan, c: Plan, by_numbering: Plan, args: argparse.Namespace, seconds: float) -> dict:
+def report(
+    label: str, p: Plan, c: Plan, by_numbering: Plan, args: argparse.Namespace, seconds: float
+) -> dict:
     s = p.stats.to_json()
     out = {
-        "model": args.model,
-        "from": parse_layout(args.source),
+        "model": label,
+        "from": parse_layout(args.source) if args.source else {"snapshot": label, "ranks": p.old.mesh.size},
         "to": parse_layout(args.target),
         "devices": {"old": p.old.mesh.size, "new": p.new.mesh.size},
         "tensors": len(p.new.tensors),
@@ -103,8 +121,9 @@ def report(p: Plan, c: Plan, by_numbering: Plan, args: argparse.Namespace, secon
 
 def print_report(p: Plan, c: Plan, data: dict) -> None:
     s, cs = p.stats, c.stats
+    src = "its snapshot's layout" if "snapshot" in data["from"] else str(data["from"])
     print(
-        f"{data['model']}: {data['from']} on {data['devices']['old']} devices -> {data['to']} on "
+        f"{data['model']}: {src} on {data['devices']['old']} devices -> {data['to']} on "
         f"{data['devices']['new']} devices; {data['tensors']} tensors, "
         f"state {human_bytes(s.total_state)}; planned in {data['plan_seconds']:.3f} s"
     )
@@ -149,10 +168,10 @@ def print_report(p: Plan, c: Plan, data: dict) -> None:
             f"instead of {human_bytes(numbered)} with devices in numbering order"
         )
     if p.unrecoverable:
-        names = sorted({t for t, _ in p.unrecoverable})
+        name, box = min(p.unrecoverable, key=lambda u: u[0])  # a name and its own box
         print(
-            f"UNRECOVERABLE: {len(p.unrecoverable)} boxes of {len(names)} tensors have no surviving copy, "
-            f"e.g. {names[0]} {p.unrecoverable[0][1]}"
+            f"UNRECOVERABLE: {len(p.unrecoverable)} boxes of {len({t for t, _ in p.unrecoverable})} tensors "
+            f"have no surviving copy, e.g. {name} {box}"
         )
 
 
@@ -162,8 +181,8 @@ def _host_key(h: str) -> tuple[int, str]:
 
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
-    p, c, by_numbering = build_plans(args)
-    data = report(p, c, by_numbering, args, time.perf_counter() - started)
+    label, p, c, by_numbering = build_plans(args)
+    data = report(label, p, c, by_numbering, args, time.perf_counter() - started)
     if args.json:
         print(json.dumps(data))
     else:
@@ -175,13 +194,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     cmd = sub.add_parser(
         "plan",
         help="explain a reconfiguration: bytes kept, moved within and across hosts, vs the central baseline",
-        description="Plan the state transformation of a GPT model between two (dp, tp, pp) layouts.",
+        description="Plan the state transformation of a model between two (dp, tp, pp) layouts: a GPT "
+        "preset, your model's description, or a snapshot on a store (--job) to a new layout.",
     )
-    cmd.add_argument("--model", required=True, help="preset name, e.g. gpt3-2.7b or tiny")
-    cmd.add_argument("--from", dest="source", required=True, metavar="LAYOUT", help="e.g. dp=1,tp=4,pp=2")
+    cmd.add_argument("--model", help=MODEL_HELP + "; with --job: how the snapshot's tensors split over tp")
+    cmd.add_argument("--from", dest="source", metavar="LAYOUT", help="e.g. dp=1,tp=4,pp=2 (not with --job)")
     cmd.add_argument("--to", dest="target", required=True, metavar="LAYOUT", help="e.g. dp=2,tp=4,pp=2")
     cmd.add_argument("--devices", type=int, help="number of new devices (checked against --to)")
-    cmd.add_argument("--devices-per-host", type=int, default=8)
+    cmd.add_argument("--devices-per-host", type=int, default=8, help="devices of one host, old and new")
     cmd.add_argument(
         "--lost-hosts",
         type=_int_list,
@@ -201,6 +221,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     cmd.add_argument("--network-gbps", type=float, default=12.5, help="GB/s per host and direction")
     cmd.add_argument("--local-gbps", type=float, default=9.0, help="GB/s of a copy within a host")
     cmd.add_argument("--json", action="store_true", help="print one JSON object")
+    add_snapshot_args(cmd, "plan from")
     cmd.set_defaults(func=run)
 
 

@@ -1,18 +1,15 @@
-"""`tenplex run`, `tenplex choose` and `tenplex demo`: the elastic runtime from the command line."""
+"""`tenplex run` and `tenplex demo`: the elastic runtime from the command line."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 import time
 from pathlib import Path
 
 from ..ptc import PTCError
-from ..ptc.layout import Layout
 from ..train.config import TrainConfig
-from ..util import print_table
 from .args import size_arg
 
 
@@ -130,64 +127,6 @@ def run(args: argparse.Namespace) -> int:
     return 1 if ledger is False or (ledger is None and not args.script) else 0
 
 
-def choose_cmd(args: argparse.Namespace) -> int:
-    from ..runtime.chooser import parse_table, rank_layouts
-
-    memory = args.device_memory
-    ranked = rank_layouts(args.model, args.devices, args.global_batch, args.micro_batch, memory)
-    table = parse_table(_table(args.para_config)) if args.para_config else {}
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "choice": _choice(ranked, table, args.devices, args.model),
-                    "ranking": [e.to_json() for e in ranked],
-                }
-            )
-        )
-        return 0
-    if not ranked:
-        raise PTCError(
-            f"no layout of {args.model} fits {args.devices} devices with global batch {args.global_batch}"
-        )
-    rows = [
-        [
-            str(i + 1),
-            f"dp={e.layout.dp},tp={e.layout.tp},pp={e.layout.pp}",
-            f"{e.seconds:.3f} s",
-            f"{e.memory / 2**20:.1f} MiB",
-        ]
-        for i, e in enumerate(ranked)
-    ]
-    print_table(
-        f"{args.model} on {args.devices} devices, global batch {args.global_batch}: estimated step time",
-        ["#", "layout", "step", "memory/device"],
-        rows,
-    )
-    choice = _choice(ranked, table, args.devices, args.model)
-    tied = "the reference workload runs tied embeddings with tp = pp = 1"
-    if args.devices in table:
-        lay = table[args.devices]
-        print(f"para-config overrides: dp={lay.dp},tp={lay.tp},pp={lay.pp}")
-    elif choice is None:
-        print(f"tenplex run takes none of these: {tied}")
-    elif Layout(choice["dp"], choice["tp"], choice["pp"]) != ranked[0].layout:
-        print(f"tenplex run takes dp={choice['dp']},tp={choice['tp']},pp={choice['pp']}: {tied}")
-    return 0
-
-
-def _choice(ranked: list, table: dict, devices: int, model: str) -> dict | None:
-    """What `tenplex run` would pick: the para-config's entry, else the best layout the reference workload
-    runs (the ranking also lists layouts only the architecture allows)."""
-    from ..ptc import preset
-
-    if devices in table:
-        lay = table[devices]
-        return {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "from": "para-config"}
-    runs = [e for e in ranked if e.layout.allowed(preset(model), devices)]
-    return {**runs[0].to_json(), "from": "cost model"} if runs else None
-
-
 def demo(args: argparse.Namespace) -> int:
     from ..runtime.demo import run_demo
 
@@ -225,16 +164,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_job_args(p, steps=50, model="tiny", batch=8)
     _add_network_args(p)
     p.set_defaults(func=run)
-
-    c = sub.add_parser("choose", help="rank the (dp, tp, pp) layouts of a model on N devices")
-    c.add_argument("--model", required=True)
-    c.add_argument("--devices", type=int, required=True)
-    c.add_argument("--global-batch", type=int, default=8)
-    c.add_argument("--micro-batch", type=int, default=0)
-    c.add_argument("--device-memory", type=size_arg, help="e.g. 80GiB: drop layouts that do not fit")
-    c.add_argument("--para-config", help="JSON or YAML table: devices -> {dp, tp, pp}")
-    c.add_argument("--json", action="store_true")
-    c.set_defaults(func=choose_cmd)
 
     d = sub.add_parser("demo", help="a 1-3 minute elastic job: dp, tp and pp changes, a redeploy, a failure")
     d.add_argument("--run-dir", default="runs/demo")

@@ -7,6 +7,7 @@ from .errors import PTCError, TenplexError
 from .gpt import PRESETS, GPTConfig, gpt_ptc, preset, stage_layers, stage_of_layer
 from .layout import Layout, LayoutError, check_layout, layouts
 from .mesh import Mesh, device_id
+from .model import ModelError, ModelSpec, model_ptc
 from .placement import PIPELINE_AXIS, AnyPlacement, Explicit, Piece, Placement, Replicate, Shard
 
 __all__ = [
@@ -22,6 +23,8 @@ __all__ = [
     "LayoutError",
     "LocalShard",
     "Mesh",
+    "ModelError",
+    "ModelSpec",
     "PTCError",
     "Piece",
     "Placement",
@@ -35,6 +38,7 @@ __all__ = [
     "gpt_ptc",
     "item_size",
     "layouts",
+    "model_ptc",
     "preset",
     "stage_layers",
     "stage_of_layer",

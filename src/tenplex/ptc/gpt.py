@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from .collection import PTC, TensorMeta
+from .collection import PTC
 from .errors import PTCError
 from .layout import check_layout
-from .mesh import Mesh
-from .placement import Placement
+from .model import ENDS, ModelSpec, Param, model_ptc, stage_layers, stage_of_layer
+
+__all__ = ["PRESETS", "GPTConfig", "gpt_ptc", "gpt_spec", "preset", "stage_layers", "stage_of_layer"]
 
 AXES = ("pp", "dp", "tp")
 
@@ -81,15 +82,6 @@ def preset(name: str) -> GPTConfig:
         raise PTCError(f"unknown model {name!r} (known: {', '.join(PRESETS)})") from None
 
 
-def stage_layers(layers: int, pp: int, stage: int) -> range:
-    """The transformer blocks of pipeline stage `stage`: contiguous, as even as possible."""
-    return range(stage * layers // pp, (stage + 1) * layers // pp)
-
-
-def stage_of_layer(layers: int, pp: int, layer: int) -> int:
-    return next(s for s in range(pp) if layer in stage_layers(layers, pp, s))
-
-
 def param_shapes(cfg: GPTConfig) -> Iterator[tuple[str, tuple[int, ...], dict[str, int], str]]:
     """(fqn, shape, tp sharding, where) per parameter; where is 'first', 'last' or the layer number."""
     h, f, v = cfg.hidden, cfg.ffn_size, cfg.vocab
@@ -115,6 +107,18 @@ def param_shapes(cfg: GPTConfig) -> Iterator[tuple[str, tuple[int, ...], dict[st
         yield "head.weight", (v, h), {"tp": 0}, "last"
 
 
+def gpt_spec(cfg: GPTConfig) -> ModelSpec:
+    """The preset as a model description: what `plan` and `choose` take for a user's model too."""
+    params = []
+    for fqn, shape, shards, where in param_shapes(cfg):
+        tied = fqn == "tok_emb.weight" and cfg.tied
+        at: tuple[int | str, ...] = (
+            ("first", "last") if tied else (where,) if where in ENDS else (int(where),)
+        )
+        params.append(Param(fqn, shape, "float32", shards.get("tp"), at))
+    return ModelSpec(tuple(params), cfg.layers, cfg.heads, cfg.hidden, cfg.seq, tied=cfg.tied)
+
+
 def gpt_ptc(
     cfg: GPTConfig,
     dp: int,
@@ -133,25 +137,5 @@ def gpt_ptc(
     over dp splits dim 0, in mesh order before tp.
     """
     check_layout(cfg, dp, tp, pp)
-    if zero not in (0, 1, 2, 3):
-        raise PTCError(f"zero must be 0, 1, 2 or 3, got {zero}")
-    mesh = Mesh.build((("pp", pp), ("dp", dp), ("tp", tp)), devices_per_host, devices)
-    entries = []
-    for fqn, shape, shards, where in param_shapes(cfg):
-        if where == "first":
-            stages: tuple[int, ...] = (0,)
-            if fqn == "tok_emb.weight" and cfg.tied:
-                stages = (0, pp - 1)
-        elif where == "last":
-            stages = (pp - 1,)
-        else:
-            stages = (stage_of_layer(cfg.layers, pp, int(where)),)
-        place = Placement.of(stages, **shards)
-        sharded = Placement.of(stages, **{"dp": 0, **shards})
-        entries.append((TensorMeta("model." + fqn, shape, dtype), sharded if zero >= 3 else place))
-        if optimizer:
-            moments = sharded if zero >= 1 else place
-            for key in ("exp_avg", "exp_avg_sq"):
-                entries.append((TensorMeta(f"optim.state.{fqn}.{key}", shape, "float32"), moments))
-            entries.append((TensorMeta(f"optim.state.{fqn}.step", (), "float32"), Placement.of(stages)))
-    return PTC.build(mesh, entries, {"step": 0})
+    return model_ptc(gpt_spec(cfg), dp, tp, pp, devices_per_host=devices_per_host, devices=devices, zero=zero,
+                     dtype=dtype, optimizer=optimizer)  # fmt: skip

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import nnls
 
-from ..ptc import GPTConfig, PTCError, preset
+from ..ptc import GPTConfig, ModelSpec, PTCError, preset
 from ..ptc.layout import Layout, layouts
 from ..util import env
 from .tables import read_table
@@ -48,7 +48,9 @@ class Estimate:
         }
 
 
-def features(cfg: GPTConfig, lay: Layout, global_batch: int, micro_batch: int, cores: int) -> np.ndarray:
+def features(
+    cfg: GPTConfig | ModelSpec, lay: Layout, global_batch: int, micro_batch: int, cores: int
+) -> np.ndarray:
     n = lay.world
     params = cfg.param_count()
     tokens = global_batch * cfg.seq
@@ -69,7 +71,7 @@ def features(cfg: GPTConfig, lay: Layout, global_batch: int, micro_batch: int, c
     )
 
 
-def memory_per_device(cfg: GPTConfig, lay: Layout, global_batch: int, micro_batch: int) -> int:
+def memory_per_device(cfg: GPTConfig | ModelSpec, lay: Layout, global_batch: int, micro_batch: int) -> int:
     """fp32 parameters, gradients and AdamW moments (16 B a parameter) plus one micro-batch's activations."""
     state = 16 * cfg.param_count() / (lay.tp * lay.pp) / (lay.dp if lay.fsdp else 1)
     micro = micro_batch or max(1, global_batch // lay.dp)
@@ -82,7 +84,7 @@ class CostModel:
     coefficients: np.ndarray
     cores: int
 
-    def seconds(self, cfg: GPTConfig, lay: Layout, global_batch: int, micro_batch: int) -> float:
+    def seconds(self, cfg: GPTConfig | ModelSpec, lay: Layout, global_batch: int, micro_batch: int) -> float:
         return float(features(cfg, lay, global_batch, micro_batch, self.cores) @ self.coefficients)
 
     @classmethod
@@ -161,7 +163,11 @@ def default_model() -> CostModel:
 
 
 def candidates(
-    cfg: GPTConfig, devices: int, global_batch: int, micro_batch: int = 0, device_memory: int | None = None
+    cfg: GPTConfig | ModelSpec,
+    devices: int,
+    global_batch: int,
+    micro_batch: int = 0,
+    device_memory: int | None = None,
 ) -> list[Layout]:
     """Layouts the architecture, the batch and the memory allow (heads % tp, layers % pp, batch % dp)."""
     return [
@@ -172,14 +178,14 @@ def candidates(
 
 
 def rank_layouts(
-    model: str,
+    model: str | ModelSpec,
     devices: int,
     global_batch: int,
     micro_batch: int = 0,
     device_memory: int | None = None,
     cost: CostModel | None = None,
 ) -> list[Estimate]:
-    cfg = preset(model)
+    cfg = preset(model) if isinstance(model, str) else model  # a ModelSpec has what the cost model asks
     cost = cost or default_model()
     out = [
         Estimate(

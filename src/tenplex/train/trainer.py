@@ -65,8 +65,8 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, corpus: Corpus | None = None) -> None:
         self.cfg, self.gpt, self.layout = cfg, cfg.gpt(), cfg.layout
         self.layout.check(self.gpt, dist.get_world_size())
-        if cfg.schedule not in ("gpipe", "1f1b"):
-            raise LayoutError(f"unknown pipeline schedule {cfg.schedule!r} (gpipe or 1f1b)")
+        if cfg.pp_schedule not in ("gpipe", "1f1b"):
+            raise LayoutError(f"unknown pipeline schedule {cfg.pp_schedule!r} (gpipe or 1f1b)")
         self.device = _device(cfg.device)
         self.mesh = build_mesh(self.layout, self.device.type)
         self.pp_rank, self.dp_rank, self.tp_rank = coords(self.mesh)
@@ -83,7 +83,7 @@ class Trainer:
         self.n_micro = cfg.check_batching(self.sampler)
         self.tokens_per_batch = cfg.global_batch * self.gpt.seq
         self.step = 0
-        self.schedule = self._pipeline() if self.layout.pp > 1 else None
+        self.pipeline = self._pipeline() if self.layout.pp > 1 else None
 
     # -- pieces ------------------------------------------------------------------------------------------
     def loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -101,7 +101,7 @@ class Trainer:
             self.model, self.pp_rank, self.layout.pp, self.device, inputs, outputs,
             group=self.mesh["pp"].get_group(),
         )  # fmt: skip
-        kind = Schedule1F1B if self.cfg.schedule == "1f1b" else ScheduleGPipe
+        kind = Schedule1F1B if self.cfg.pp_schedule == "1f1b" else ScheduleGPipe
         return kind(stage, n_microbatches=self.n_micro, loss_fn=self.loss_fn, scale_grads=False)
 
     def _stage_shapes(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,7 +131,7 @@ class Trainer:
     def _forward(self, x: torch.Tensor, y: torch.Tensor, backward: bool = True) -> torch.Tensor:
         """This rank's summed loss share (zero where the rank does not compute the loss)."""
         loss = torch.zeros((), device=self.device)
-        if self.schedule is None:
+        if self.pipeline is None:
             for k, (xs, ys) in enumerate(zip(x.tensor_split(self.n_micro), y.tensor_split(self.n_micro))):
                 if self.layout.fsdp and backward:
                     self.model.set_requires_gradient_sync(k == self.n_micro - 1)
@@ -141,7 +141,7 @@ class Trainer:
                     micro.backward()
                 loss += micro.detach()
             return loss
-        run = self.schedule.step if backward else self.schedule.eval
+        run = self.pipeline.step if backward else self.pipeline.eval
         if self.pp_rank == 0:
             run(x)
         elif self.pp_rank == self.layout.pp - 1:

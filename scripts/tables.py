@@ -120,10 +120,12 @@ def _world(layout: str) -> int:
 
 
 def demo_kind(r: dict) -> str:
-    if r.get("failure"):
-        return "failure (rank killed)"
-    if r.get("redeploy"):
-        return "redeploy to new hosts"
+    """The change's kind as the run's table and plot name it (`change`, in summaries since it was added);
+    older summaries get the same words from their `failure`/`redeploy` flags and device counts."""
+    if r.get("change"):
+        return r["change"]
+    if r.get("failure") or r.get("redeploy"):
+        return "failure" if r.get("failure") else "redeploy"
     a, b = _world(r["from"]), _world(r["to"])
     return f"scale out {a} → {b}" if b > a else f"scale in {a} → {b}" if b < a else "layout change"
 

@@ -127,7 +127,7 @@ def test_a_demo_summary_becomes_the_readme_table_without_local_paths(tmp_path):
         "| dp2-tp1-pp1 → dp1-tp2-pp2 | scale out 2 → 4 | 10 | 3.0 s | 0.29 s | 1.21 MiB | 784 KiB | 784 KiB |"
         in text
     )
-    assert "| dp2-tp2-pp1 → dp3-tp1-pp1 | failure (rank killed) | 10 |" in text
+    assert "| dp2-tp2-pp1 → dp3-tp1-pp1 | failure | 10 |" in text
     assert "snapshot at step 40 (3 steps replayed)" in text and "The loss curve matches" in text
     assert "every one of the 720 samples" in text
 

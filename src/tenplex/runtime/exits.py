@@ -37,9 +37,13 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 def stop_hosts(ctl: Controller) -> list[str]:
     """Stop every store of the run and wait until they are gone (their shared memory too)."""
-    stores = live_stores(ctl.cfg.run_dir)
-    ctl.hosts.shutdown()  # closed: no store starts after this
-    return stop_stores(stores)
+    with ctl.hosts.lock:
+        ctl.hosts.closed = True  # no store starts after this
+    stopped = stop_stores(live_stores(ctl.cfg.run_dir))
+    # the record: each is gone by now, so none is signalled twice (a store's second SIGTERM cut its
+    # shutdown short and left its shared memory behind)
+    ctl.hosts.shutdown()
+    return stopped
 
 
 def keep_or_stop(ctl: Controller) -> str:

@@ -30,7 +30,10 @@ class RunCheckError(TenplexError):
 def check_run(cfg: RunConfig) -> None:
     """Raise RunCheckError (one line) for the first thing in `cfg` the run could not carry out."""
     model = None if cfg.script else preset(cfg.train.model)
-    _check_table(cfg, model)
+    try:
+        _check_table(cfg, model)
+    except TenplexError as e:
+        raise RunCheckError(str(e)) from None
     hosts = EmulatedHosts(Path("."), cfg.devices_per_host)  # a scratch view: nothing started or saved
     alloc: list[str] = []
     forced: Layout | None = None
@@ -62,7 +65,7 @@ def _check_table(cfg: RunConfig, model: GPTConfig | None) -> None:
         try:
             lay.check(model, n)
         except PTCError as e:
-            raise RunCheckError(f"para-config entry {n}: {e}") from None
+            raise PTCError(f"para-config entry {n}: {e}") from None
 
 
 def _change(hosts: EmulatedHosts, e: Event, alloc: list[str]) -> list[str]:

@@ -23,6 +23,7 @@ from ..util import env, logs
 from .ahead import Ahead
 from .chooser import ChooserError, choose
 from .downtime import reconfiguration
+from .durable_tier import DurableTier
 from .hosts import EmulatedHosts, HostsError, host_of
 from .launcher import Launcher
 from .live import LiveView
@@ -64,7 +65,6 @@ class Controller:
         self.live = LiveView(cfg.steps, quiet=cfg.quiet)
         self.end = OPEN_END if cfg.steps is None else cfg.steps  # a script's own, once its ranks say it
         self.started = time.time()
-        self.durable: str | None = None
         self.forced: Layout | None = None
         pool_size = min(MAX_STANDBY, max([e.devices or 0 for e in cfg.schedule] + [1]))
         make = NamespaceLauncher if cfg.network == "netns" else Launcher
@@ -73,12 +73,17 @@ class Controller:
         self._prev: Phase | None = None
         self._next: tuple[Phase, list[Event]] | None = None  # a phase whose successor may start ahead
         self._ahead: Ahead | None = None  # that successor, once started
-        self._persisting: threading.Thread | None = None
         self._said_overrides = False
         # the controller's own torch import, off the first reconfiguration's path (joined before any use)
         self._preload = threading.Thread(target=importlib.import_module, args=("tenplex.transformer",))
         self._preload.daemon = True
         self._preload.start()
+        self.tier = DurableTier(cfg.run_dir, cfg.job, self.timeline, self._preload)
+
+    @property
+    def durable(self) -> str | None:
+        """The newest DCP checkpoint of the run (None: none yet)."""
+        return self.tier.path
 
     # -- the loop ------------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -99,7 +104,7 @@ class Controller:
         resumed = self.hosts.restore()
         step = 0
         if resumed:
-            self.durable, durable_step = self._newest_durable()
+            durable_step = self.tier.newest()
             step = max(self._committed_step(), durable_step)
         by_step = [
             e for e in rest if e.step is not None and e.step >= step and (e.step > step or not resumed)
@@ -165,9 +170,10 @@ class Controller:
                 while by_time and self._elapsed() >= by_time[0].time:
                     self._apply(by_time.pop(0), step)
                 if cfg.persist:  # at every reconfiguration, and the final state at the end
-                    phase.persist_seconds = self._persist_behind(phase, step)
+                    store = self.hosts.stores[host_of(phase.devices[0])]["url"]  # it holds the phase's saves
+                    phase.persist_seconds = self.tier.behind(step, store)
             prev, index = phase, index + 1
-        self._join_persist()
+        self.tier.join()
         self._network()
         self.timeline.write("finish", step=step, seconds=self._elapsed(), durable=self.durable)
         self.live.close()
@@ -240,14 +246,6 @@ class Controller:
             self.timeline.write("match_skipped", layout=str(layout), error=str(e))
             log.info("ranks of %s placed in allocation order: %s", layout, e)
             return devices
-
-    def _newest_durable(self) -> tuple[str | None, int]:
-        """The newest persisted DCP snapshot of a previous controller (path, step), if any."""
-        done = [p for p in (self.cfg.run_dir / "durable").glob("step-*") if (p / ".metadata").exists()]
-        if not done:
-            return None, 0
-        best = max(done, key=lambda p: int(p.name[5:]))
-        return str(best), int(best.name[5:])
 
     def _committed_step(self) -> int:
         """The step the next phase resumes from: the newest snapshot complete on the live stores."""
@@ -459,39 +457,6 @@ class Controller:
         if not phase.crashed:
             self.hosts.fail_devices([phase.devices[r] for r in phase.killed])
         return self.hosts.apply(Event(step=phase.last_step))
-
-    def _persist_behind(self, phase: Phase, step: int) -> float:
-        """Persist the committed `step` as a DCP checkpoint in a thread, off the next phase's path (it
-        reads the committed version from the stores; the next phase only loads it). The seconds the next
-        phase waited: for the previous persist, if it is still writing."""
-        t = time.time()
-        self._join_persist()
-        store = self.hosts.stores[host_of(phase.devices[0])]["url"]  # one that holds the phase's saves
-        self._persisting = threading.Thread(target=self._persist, args=(step, store), daemon=True)
-        self._persisting.start()
-        return time.time() - t
-
-    def _join_persist(self) -> None:
-        if self._persisting is not None:
-            self._persisting.join()
-            self._persisting = None
-
-    def _persist(self, step: int, store: str) -> None:
-        self._preload.join()
-        from ..store import StoreError
-        from ..transformer import StateError, persist
-
-        path = self.cfg.run_dir / "durable" / f"step-{step}"
-        try:
-            info = persist(self.cfg.job, step, str(path), store=store)
-        except (StoreError, StateError) as e:
-            self.timeline.write("persist_failed", step=step, error=str(e))
-            log.warning("persisting step %d to %s failed: %s", step, path, e)
-            return
-        self.durable = str(path)
-        self.timeline.write(
-            "persist", step=step, path=str(path), seconds=info["seconds"], bytes=info["bytes"]
-        )
 
 
 def _forced(e: Event) -> Layout | None:

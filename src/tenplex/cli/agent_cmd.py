@@ -1,4 +1,7 @@
-"""`tenplex agent` (one per host, torchrun's flags), `tenplex rendezvous`, `tenplex status` and `stop`."""
+"""`tenplex agent` (one per host, torchrun's flags), `tenplex rendezvous`, `tenplex status` and `stop`.
+
+`status` and `stop` serve both kinds of job: with a RUN_DIR, a `tenplex run`'s (its cluster.json); without,
+an agent job's, through its rendezvous endpoint."""
 
 from __future__ import annotations
 
@@ -25,11 +28,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.set_defaults(func=_rendezvous)
 
     for name, text, func in (
-        ("status", "a running job's agents, round and stores", _status),
-        ("stop", "stop a job: save at the next step, end every agent", _stop),
+        (
+            "status",
+            "a run's job, layout, step and stores (RUN_DIR), or an agent job's agents and round",
+            _status,
+        ),
+        (
+            "stop",
+            "stop a run's stores and what it left running (RUN_DIR), or an agent job after a save",
+            _stop,
+        ),
     ):
         q = sub.add_parser(name, help=text)
+        q.add_argument("run_dir", metavar="RUN_DIR", nargs="?",
+                       help="a `tenplex run` directory (its cluster.json); without it, the agent job "
+                       "named by --rdzv-endpoint and --rdzv-id")  # fmt: skip
         _rdzv_args(q)
+        if name == "status":
+            q.add_argument("--json", action="store_true", help="one JSON object instead of the table")
         q.set_defaults(func=func)
 
 
@@ -173,9 +189,16 @@ def _job(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any]]]:
 def _status(args: argparse.Namespace) -> int:
     from ..util import print_table
 
+    if args.run_dir:
+        from .rundir_view import print_status
+
+        return print_status(args.run_dir, args.json)
     _, agents = _job(args)
     if not agents:
         raise TenplexError(f"no agent of job {args.rdzv_id!r} reported to {args.rdzv_endpoint}")
+    if args.json:
+        print(json.dumps({"job": args.rdzv_id, "agents": agents}))
+        return 0
     now = time.time()
     rows = [
         [
@@ -200,6 +223,14 @@ def _status(args: argparse.Namespace) -> int:
 
 def _stop(args: argparse.Namespace) -> int:
     from ..runtime.rounds import job_key
+
+    if args.run_dir:
+        from pathlib import Path
+
+        from ..runtime.rundir import stop
+
+        print(stop(Path(args.run_dir)))
+        return 0
 
     base, agents = _job(args)
     base.set(job_key(args.rdzv_id, "stop"), json.dumps({"time": time.time()}))

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..ptc import PTCError
 from ..train.config import TrainConfig
 from .args import size_arg
+
+if TYPE_CHECKING:
+    from ..runtime.controller import Controller
+    from ..runtime.runconfig import RunConfig
+
+REFERENCE_STEPS = 50  # the reference workload's run length and snapshot interval, unless given
+REFERENCE_SNAPSHOT_EVERY = 5
 
 
 def _train_config(args: argparse.Namespace) -> TrainConfig:
@@ -21,23 +28,30 @@ def _train_config(args: argparse.Namespace) -> TrainConfig:
         seed=args.seed,
         lr=args.lr,
         warmup=args.warmup,
-        steps=args.steps,
+        steps=args.steps or REFERENCE_STEPS,
         device="cpu",
     )
 
 
-def _add_job_args(p: argparse.ArgumentParser, steps: int, model: str, batch: int) -> None:
-    p.add_argument("--model", default=model, help="preset (tiny, small, base, ...)")
-    p.add_argument("--steps", type=int, default=steps)
-    p.add_argument("--global-batch", type=int, default=batch)
-    p.add_argument("--micro-batch", type=int, default=0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--devices-per-host", type=int, default=2)
-    p.add_argument("--snapshot-every", type=int, default=5, help="asynchronous in-memory snapshot interval")
-    p.add_argument("--para-config", help="JSON or YAML table: devices -> {dp, tp, pp}, overrides the chooser")
-    p.add_argument("--quiet", action="store_true")
+def _add_job_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny", help="GPT preset of the reference workload (tiny, small, base, "
+                   "...); with --script it only guides the checks of forced layouts")  # fmt: skip
+    p.add_argument("--steps", type=int, help=f"steps to train (default: {REFERENCE_STEPS}; with --script, "
+                   "the script's own ElasticJob(until=...), which this replaces, saying so)")  # fmt: skip
+    p.add_argument("--global-batch", type=int, default=8, help="samples per optimizer step, split over dp")
+    p.add_argument("--micro-batch", type=int, default=0, help="samples per pipeline micro-batch (0: the "
+                   "global batch over dp)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0, help="seed of the model, the sample order and dropout")
+    p.add_argument("--lr", type=float, default=3e-3, help="AdamW's peak learning rate")
+    p.add_argument("--warmup", type=int, default=5, help="steps of linear learning-rate warm-up")
+    p.add_argument("--devices-per-host", type=int, default=2, help="devices of each emulated host")
+    every = REFERENCE_SNAPSHOT_EVERY
+    p.add_argument("--snapshot-every", type=int, help="asynchronous in-memory snapshot every N steps, 0: "
+                   f"never (default: {every}; with --script, the script's own ElasticJob(snapshot_every=...),"
+                   " which this replaces, saying so)")  # fmt: skip
+    p.add_argument("--para-config", metavar="TABLE", help="JSON or YAML table devices -> {dp, tp, pp} that "
+                   "overrides the chooser")  # fmt: skip
+    p.add_argument("--quiet", action="store_true", help="no live view, only the report at the end")
     _add_ahead_arg(p)
 
 
@@ -75,24 +89,27 @@ def _table(path: str | None) -> dict | None:
     return read_table(path, "para-config") if path else None
 
 
-def run(args: argparse.Namespace) -> int:
-    from ..runtime.controller import Controller, JobFailed, RunConfig
-    from ..runtime.report import plot, print_report, summary, write_json
+def _run_config(args: argparse.Namespace) -> RunConfig:
+    from ..runtime.runconfig import RunConfig
     from ..runtime.schedule import load_schedule
 
-    schedule = load_schedule(args.schedule)
-    run_dir = Path(args.run_dir or f"runs/{args.job}")
-    cfg = RunConfig(
+    script = _script(args.script)
+    if args.network == "netns" and args.keep_stores:
+        raise PTCError("--keep-stores needs loopback hosts: a namespace run removes its hosts when it ends")
+    reference = not script  # its defaults; a script's own settings stand unless the command line sets them
+    return RunConfig(
         _train_config(args),
-        schedule,
-        args.steps,
-        run_dir,
+        load_schedule(args.schedule),
+        args.steps or REFERENCE_STEPS if reference else args.steps,
+        Path(args.run_dir or f"runs/{args.job}"),
         job=args.job,
         devices_per_host=args.devices_per_host,
-        snapshot_every=args.snapshot_every,
+        snapshot_every=REFERENCE_SNAPSHOT_EVERY
+        if reference and args.snapshot_every is None
+        else args.snapshot_every,
         table=_table(args.para_config),
         quiet=args.quiet,
-        script=_script(args.script),
+        script=script,
         network=args.network,
         nic_gbps=args.nic_gbps,
         nic_latency_ms=args.nic_latency_ms,
@@ -101,21 +118,37 @@ def run(args: argparse.Namespace) -> int:
         ahead=args.ahead,
         fresh=args.fresh,
     )
-    if args.network == "netns" and args.keep_stores:
-        raise PTCError("--keep-stores needs loopback hosts: a namespace run removes its hosts when it ends")
-    controller = Controller(cfg)
-    try:
-        controller.run()  # an exception or a kill leaves the stores up, so that a rerun resumes
-    except JobFailed as e:
-        pids = " ".join(str(v["pid"]) for v in controller.hosts.stores.values())
-        print(f"tenplex run: {e}\nthe stores keep the snapshots for a rerun with the same --run-dir "
-              f"(or stop them: kill {pids})", file=sys.stderr)  # fmt: skip
-        return 1
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..runtime.controller import Controller
+    from ..runtime.exits import end_early, sigterm_as_interrupt, stop_hosts
+    from ..runtime.validate import check_run
+
+    cfg = _run_config(args)
+    check_run(cfg)  # the whole schedule, before anything starts
+    controller = None
+    with sigterm_as_interrupt():
+        try:
+            controller = Controller(cfg)
+            controller.run()
+        except BaseException as e:  # each way out says what became of the stores
+            return end_early(controller, e)
+    run_dir = cfg.run_dir
     if args.keep_stores:
         stores = controller.hosts.stores.items()
-        print("stores left running: " + ", ".join(f"{h} {v['url']}" for h, v in stores))
+        print("stores left running: " + ", ".join(f"{h} {v['url']}" for h, v in stores)
+              + f" (stop them: tenplex stop {run_dir})")  # fmt: skip
     else:
-        controller.hosts.shutdown()
+        stop_hosts(controller)
+    ledger = _report(controller, run_dir)  # the reference workload always keeps one; a script may not
+    return 1 if ledger is False or (ledger is None and not args.script) else 0
+
+
+def _report(controller: Controller, run_dir: Path) -> bool | None:
+    """The summary, plot and report of a finished run; whether its data ledger holds (None: not kept)."""
+    from ..runtime.report import plot, print_report, summary, write_json
+
     s = summary(run_dir)
     write_json(run_dir / "summary.json", s)
     png = plot(run_dir, run_dir / "timeline.png")
@@ -123,8 +156,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"timeline: {run_dir / 'timeline.jsonl'}  plot: {png}  summary: {run_dir / 'summary.json'}")
     if controller.durable:
         print(f"final state (PyTorch DCP): {controller.durable}")
-    ledger = s["ledger"]["ok"]  # the reference workload always keeps one; a script may not
-    return 1 if ledger is False or (ledger is None and not args.script) else 0
+    return s["ledger"]["ok"]
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -138,20 +170,24 @@ def demo(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run a training job under a resource schedule (scale, redeploy, failures)")
-    p.add_argument("--schedule", required=True, help="JSON or YAML list of events")
+    p.add_argument("--schedule", required=True, help="the resource schedule: a JSON or YAML list of events "
+                   "(docs/runtime.md), checked whole before the first step")  # fmt: skip
     p.add_argument(
         "--script",
         metavar='"TRAIN.PY ARGS"',
         help="run your own training script (it uses tenplex.ElasticJob) instead of the reference workload; "
-        "--model then only guides the layout chooser",
+        "the script lays itself out",
     )
-    p.add_argument("--job", default="tenplex-job")
+    p.add_argument(
+        "--job", default="tenplex-job", help="the job's name in the stores (a script's own is replaced)"
+    )
     p.add_argument(
         "--keep-stores",
         action="store_true",
         help="leave the emulated hosts' stores running after the job (for tenplex inspect / store ls)",
     )
-    p.add_argument("--run-dir", help="where the timeline, plot and stores' state go (default runs/JOB)")
+    p.add_argument("--run-dir", help="where the timeline, plot and the stores' record go (default: "
+                   "runs/JOB); the same one again resumes")  # fmt: skip
     p.add_argument(
         "--fresh",
         action="store_true",
@@ -161,15 +197,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--store-memory", type=size_arg, metavar="SIZE",
                    help="the memory limit of every host's store, e.g. 512MiB (default 8GiB); a snapshot "
                    "that does not fit is skipped, with a warning")  # fmt: skip
-    _add_job_args(p, steps=50, model="tiny", batch=8)
+    _add_job_args(p)
     _add_network_args(p)
     p.set_defaults(func=run)
 
     d = sub.add_parser("demo", help="a 1-3 minute elastic job: dp, tp and pp changes, a redeploy, a failure")
-    d.add_argument("--run-dir", default="runs/demo")
-    d.add_argument("--model", default="tiny")
-    d.add_argument("--steps", type=int, default=60)
-    d.add_argument("--quiet", action="store_true")
+    d.add_argument("--run-dir", default="runs/demo", help="where both runs, the plot and the summary go")
+    d.add_argument("--model", default="tiny", help="GPT preset (tiny, small, base, ...)")
+    d.add_argument("--steps", type=int, default=60, help="steps of the elastic and the static run")
+    d.add_argument("--quiet", action="store_true", help="no live view, only the report at the end")
     d.add_argument("--network", choices=("loopback", "netns"), default="loopback",
                    help="the elastic run's hosts as network namespaces (root)")  # fmt: skip
     _add_ahead_arg(d)

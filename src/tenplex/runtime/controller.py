@@ -13,18 +13,17 @@ import importlib
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from itertools import takewhile
-from pathlib import Path
 from typing import Any
 
 from ..ptc import TenplexError
 from ..ptc.layout import Layout
-from ..train.config import TrainConfig
 from ..util import env, logs
 from .ahead import Ahead
 from .chooser import ChooserError, choose
 from .downtime import reconfiguration
+from .durable_tier import DurableTier
 from .hosts import EmulatedHosts, HostsError, host_of
 from .launcher import Launcher
 from .live import LiveView
@@ -32,8 +31,9 @@ from .monitor import Monitor, catch_up
 from .phase import Phase
 from .placement import MatchSkipped, match
 from .records import Records
+from .runconfig import RunConfig
 from .schedule import Event
-from .spec import WorkerSpec
+from .spec import OPEN_END, WorkerSpec
 
 log = logs.get("runtime")
 
@@ -43,28 +43,6 @@ MAX_STANDBY = 16  # pre-imported rank processes kept ready for the next phase
 
 class JobFailed(TenplexError):
     """The ranks keep crashing: retrying would only loop; their logs say why."""
-
-
-@dataclass
-class RunConfig:
-    train: TrainConfig
-    schedule: list[Event]
-    steps: int
-    run_dir: Path
-    job: str = "tenplex-job"
-    devices_per_host: int = 2
-    snapshot_every: int = 5
-    table: dict | None = None
-    persist: bool = True  # write a DCP snapshot at every reconfiguration (the durable tier)
-    quiet: bool = False
-    script: list[str] | None = None  # a training script using `ElasticJob`, with its arguments
-    network: str = "loopback"  # or "netns": every host a network namespace (see runtime/netns_hosts.py)
-    nic_gbps: float | None = None  # netns: each host's NIC, each way (None: unshaped)
-    nic_latency_ms: float | None = None
-    replicas: int = 0  # netns: copies of each snapshot blob on the next hosts' stores
-    store_memory: int | None = None  # bytes each host's store may hold (None: the hosts' default)
-    ahead: bool = True  # start a planned change's ranks while the phase before trains (CPU devices only)
-    fresh: bool = False  # start over from step 0 even when the stores of an earlier run are lost
 
 
 class Controller:
@@ -85,8 +63,8 @@ class Controller:
             self.hosts = EmulatedHosts(cfg.run_dir, cfg.devices_per_host, **memory)
         self.timeline = Records(cfg.run_dir / "timeline.jsonl")
         self.live = LiveView(cfg.steps, quiet=cfg.quiet)
+        self.end = OPEN_END if cfg.steps is None else cfg.steps  # a script's own, once its ranks say it
         self.started = time.time()
-        self.durable: str | None = None
         self.forced: Layout | None = None
         pool_size = min(MAX_STANDBY, max([e.devices or 0 for e in cfg.schedule] + [1]))
         make = NamespaceLauncher if cfg.network == "netns" else Launcher
@@ -95,11 +73,17 @@ class Controller:
         self._prev: Phase | None = None
         self._next: tuple[Phase, list[Event]] | None = None  # a phase whose successor may start ahead
         self._ahead: Ahead | None = None  # that successor, once started
-        self._persisting: threading.Thread | None = None
+        self._said_overrides = False
         # the controller's own torch import, off the first reconfiguration's path (joined before any use)
         self._preload = threading.Thread(target=importlib.import_module, args=("tenplex.transformer",))
         self._preload.daemon = True
         self._preload.start()
+        self.tier = DurableTier(cfg.run_dir, cfg.job, self.timeline, self._preload)
+
+    @property
+    def durable(self) -> str | None:
+        """The newest DCP checkpoint of the run (None: none yet)."""
+        return self.tier.path
 
     # -- the loop ------------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -120,7 +104,7 @@ class Controller:
         resumed = self.hosts.restore()
         step = 0
         if resumed:
-            self.durable, durable_step = self._newest_durable()
+            durable_step = self.tier.newest()
             step = max(self._committed_step(), durable_step)
         by_step = [
             e for e in rest if e.step is not None and e.step >= step and (e.step > step or not resumed)
@@ -143,11 +127,11 @@ class Controller:
         self.launcher.fill(starting=True)  # every rank the schedule will need imports from the start
         index, prev, crashes, crashed_at = self._next_phase(), None, 0, -1
         ahead: Ahead | None = None
-        while step < cfg.steps:
+        while step < self.end:
             while by_step and by_step[0].step <= step and not by_step[0].is_failure:
                 self._apply(by_step.pop(0), step)
             layout = self._layout(len(self.hosts.allocation), self.forced)
-            until = min([cfg.steps] + [e.step for e in by_step if not e.is_failure])
+            until = min([self.end] + [e.step for e in by_step if not e.is_failure])
             failures = [e.step for e in by_step if e.is_failure and step <= e.step < until]
             phase = self._take(ahead, layout, step, until, prev, failures)
             if phase is None:
@@ -186,9 +170,10 @@ class Controller:
                 while by_time and self._elapsed() >= by_time[0].time:
                     self._apply(by_time.pop(0), step)
                 if cfg.persist:  # at every reconfiguration, and the final state at the end
-                    phase.persist_seconds = self._persist_behind(phase, step)
+                    store = self.hosts.stores[host_of(phase.devices[0])]["url"]  # it holds the phase's saves
+                    phase.persist_seconds = self.tier.behind(step, store)
             prev, index = phase, index + 1
-        self._join_persist()
+        self.tier.join()
         self._network()
         self.timeline.write("finish", step=step, seconds=self._elapsed(), durable=self.durable)
         self.live.close()
@@ -262,14 +247,6 @@ class Controller:
             log.info("ranks of %s placed in allocation order: %s", layout, e)
             return devices
 
-    def _newest_durable(self) -> tuple[str | None, int]:
-        """The newest persisted DCP snapshot of a previous controller (path, step), if any."""
-        done = [p for p in (self.cfg.run_dir / "durable").glob("step-*") if (p / ".metadata").exists()]
-        if not done:
-            return None, 0
-        best = max(done, key=lambda p: int(p.name[5:]))
-        return str(best), int(best.name[5:])
-
     def _committed_step(self) -> int:
         """The step the next phase resumes from: the newest snapshot complete on the live stores."""
         self._preload.join()  # importing the same modules from two threads at once can see half of one
@@ -301,6 +278,7 @@ class Controller:
         return WorkerSpec(
             job=cfg.job,
             until=phase.until,
+            steps=cfg.steps,
             snapshot_every=cfg.snapshot_every,
             out=str(phase.dir),
             stop_file=str(phase.dir / "stop"),
@@ -351,7 +329,7 @@ class Controller:
     def _may_go_ahead(self, phase: Phase, by_step: list[Event], by_time: list[Event]) -> bool:
         """Whether `phase` ends at a step the schedule names with a change (not a failure, not a time), so
         the next phase is known now; on CPUs only."""
-        if not self.cfg.ahead or by_time or phase.failures or phase.until >= self.cfg.steps:
+        if not self.cfg.ahead or by_time or phase.failures or phase.until >= self.end:
             return False
         nxt = [e for e in by_step if e.step == phase.until]
         return bool(nxt) and not nxt[0].is_failure and self._on_cpus()
@@ -366,7 +344,7 @@ class Controller:
             layout = self._layout(len(alloc), _forced(events[-1]))
         except (HostsError, ChooserError):  # the boundary says so, in its own words
             return None
-        until = min([self.cfg.steps] + [e.step for e in rest if not e.is_failure])
+        until = min([self.end] + [e.step for e in rest if not e.is_failure])
         failures = [e.step for e in rest if e.is_failure and current.until <= e.step < until]
         devices = self._place(layout, alloc, current)
         phase = self._phase(current.index + 1, layout, devices, current.until, until, failures)
@@ -413,6 +391,8 @@ class Controller:
         step (or ended without one), report the change."""
         if r["kind"] == "ready":
             self.launcher.fill()
+        if r["kind"] == "settings":
+            self._settings(r)
         if r["kind"] == "step" and self._next is not None and self._next[0] is phase:
             self._ahead, self._next = self._go_ahead(*self._next), None
         if r["kind"] == "done" and self._ahead is not None and self._ahead.after is phase:
@@ -440,6 +420,18 @@ class Controller:
                 self.timeline.write("reconfig", **info)
                 self.live.reconfig(info)
 
+    def _settings(self, r: dict) -> None:
+        """A script's own step count ends a run that named none; a command line that replaced the script's
+        own settings says so, once."""
+        if self.cfg.steps is None and r.get("steps") is not None:
+            self.end = self.live.steps = r["steps"]
+        if r.get("overridden") and not self._said_overrides:
+            self._said_overrides = True
+            print(
+                "[tenplex] the command line overrides the script's own: " + "; ".join(r["overridden"]),
+                flush=True,
+            )
+
     def _skipped(self, phase: Phase, r: dict) -> None:
         """The ranks passed over newer snapshots they could not read (a flipped byte fails its checksum):
         said in the timeline and the live view, as the step they resumed from instead."""
@@ -465,39 +457,6 @@ class Controller:
         if not phase.crashed:
             self.hosts.fail_devices([phase.devices[r] for r in phase.killed])
         return self.hosts.apply(Event(step=phase.last_step))
-
-    def _persist_behind(self, phase: Phase, step: int) -> float:
-        """Persist the committed `step` as a DCP checkpoint in a thread, off the next phase's path (it
-        reads the committed version from the stores; the next phase only loads it). The seconds the next
-        phase waited: for the previous persist, if it is still writing."""
-        t = time.time()
-        self._join_persist()
-        store = self.hosts.stores[host_of(phase.devices[0])]["url"]  # one that holds the phase's saves
-        self._persisting = threading.Thread(target=self._persist, args=(step, store), daemon=True)
-        self._persisting.start()
-        return time.time() - t
-
-    def _join_persist(self) -> None:
-        if self._persisting is not None:
-            self._persisting.join()
-            self._persisting = None
-
-    def _persist(self, step: int, store: str) -> None:
-        self._preload.join()
-        from ..store import StoreError
-        from ..transformer import StateError, persist
-
-        path = self.cfg.run_dir / "durable" / f"step-{step}"
-        try:
-            info = persist(self.cfg.job, step, str(path), store=store)
-        except (StoreError, StateError) as e:
-            self.timeline.write("persist_failed", step=step, error=str(e))
-            log.warning("persisting step %d to %s failed: %s", step, path, e)
-            return
-        self.durable = str(path)
-        self.timeline.write(
-            "persist", step=step, path=str(path), seconds=info["seconds"], bytes=info["bytes"]
-        )
 
 
 def _forced(e: Event) -> Layout | None:

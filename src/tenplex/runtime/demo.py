@@ -11,6 +11,7 @@ from .controller import Controller, RunConfig
 from .hosts import host_of
 from .report import losses, plot, print_report, summary, timeline, write_json
 from .schedule import parse_schedule
+from .validate import check_run
 
 # 2 devices per emulated host; a global batch of 12 splits over dp = 1, 2, 3 and 4
 SCHEDULE = [
@@ -72,6 +73,7 @@ def run_demo(
         persist=False,
         quiet=True,
     )
+    check_run(elastic)
     on = " on namespace hosts" if network == "netns" else ""
     print(f"tenplex demo: elastic run (dp, tp and pp changes, a redeploy, a failure){on}")
     ctl, ref = Controller(elastic), Controller(static)

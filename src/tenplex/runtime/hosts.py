@@ -59,6 +59,8 @@ class EmulatedHosts:
                 "failed_devices": sorted(self.failed_devices),
                 "failed_hosts": sorted(self.failed_hosts),
                 "allocation": self.allocation,
+                # the controller: `tenplex stop RUN_DIR` stops it (and with it its ranks) while it runs
+                "controller": {"pid": os.getpid(), "since": started_at(os.getpid())},
             }
             tmp = self._state_file.with_suffix(".tmp")
             tmp.write_text(json.dumps(state, indent=1))

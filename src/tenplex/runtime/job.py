@@ -26,13 +26,36 @@ from ..transformer.world import init_distributed
 from ..util import env
 from . import rounds
 from .records import Records
-from .spec import WorkerSpec, job_name
+from .spec import OPEN_END, WorkerSpec, job_name
 
 State = dict[str, Any] | Callable[[], dict[str, Any]]
 
 
 class JobError(TenplexError):
     """The job was set up wrongly (no name, no step to stop at)."""
+
+
+def _job_end(spec: WorkerSpec | None, until: int | None) -> int:
+    """The step this process stops at: the spec's (the phase's end), or the script's own `until` when
+    that comes first and the run named no step count; alone, the script's own."""
+    limit = spec.until if spec else until
+    if spec is not None and spec.steps is None and until is not None:
+        limit = min(spec.until, until)
+    if limit is None or limit >= OPEN_END:
+        raise JobError(
+            "say at which step the job ends: ElasticJob(..., until=STEPS) (or tenplex run --steps)"
+        )
+    return int(limit)
+
+
+def _overridden(spec: WorkerSpec, until: int | None, every: int | None) -> list[str]:
+    """The script's own settings the command line replaced with other values, in its words."""
+    out = []
+    if spec.steps is not None and until is not None and until != spec.steps:
+        out.append(f"--steps {spec.steps} (the script's until={until})")
+    if spec.snapshot_every is not None and every is not None and every != spec.snapshot_every:
+        out.append(f"--snapshot-every {spec.snapshot_every} (the script's snapshot_every={every})")
+    return out
 
 
 class PhaseCancelled(SystemExit):
@@ -46,7 +69,7 @@ class PhaseCancelled(SystemExit):
 class ElasticJob:
     """What a rank needs to take part in an elastic job; every rank makes the same calls in the same order.
 
-    job = ElasticJob(until=1000)            # under `tenplex run`, the spec it passes wins
+    job = ElasticJob(until=1000)            # `tenplex run --steps/--snapshot-every`, when given, win
     step = job.resume(state)                 # the newest snapshot, loaded in place (0: a fresh start)
     while job.running(step):                 # False at the phase's last step, or once asked to stop
         ...; step += 1
@@ -59,7 +82,7 @@ class ElasticJob:
         name: str | None = None,
         *,
         until: int | None = None,
-        snapshot_every: int = 0,
+        snapshot_every: int | None = None,
         out: str | None = None,
         stop_file: str | None = None,
         durable: str | None = None,
@@ -73,11 +96,9 @@ class ElasticJob:
         self.name = (spec.job if spec else None) or name or job_name()
         if not self.name:
             raise JobError("name the job: ElasticJob('my-job'), $TENPLEX_JOB, or run it under `tenplex run`")
-        limit = spec.until if spec else until
-        if limit is None:
-            raise JobError("say at which step the job ends: ElasticJob(..., until=STEPS)")
-        self.until = int(limit)
-        self.every = int((spec.snapshot_every if spec else snapshot_every) or 0)
+        self.until = _job_end(spec, until)
+        every = snapshot_every if spec is None or spec.snapshot_every is None else spec.snapshot_every
+        self.every = int(every or 0)
         self.stop_file = spec.stop_file if spec else stop_file
         self.durable = spec.durable if spec else durable
         self.store = spec.store if spec else None  # None: the transformer's default ($TENPLEX_STORE)
@@ -95,6 +116,10 @@ class ElasticJob:
         self.out = rounds.records_dir(spec.out if spec else out)
         self.records = Records(Path(self.out) / "worker.jsonl") if self.out and self.rank == 0 else None
         self._ledger: Records | None = None
+        if spec is not None:  # what the job runs by: the run's end and, said once, what the command line set
+            steps = until if spec.steps is None else spec.steps
+            self.record("settings", steps=steps, snapshot_every=self.every,
+                        overridden=_overridden(spec, until, snapshot_every))  # fmt: skip
         self.saved = -1  # the newest step this job committed that this process knows of
         self._saved_id: str | None = None  # that save's id (None: loaded, or unknown)
         self.resumed = False  # whether `resume` loaded a snapshot

@@ -10,7 +10,7 @@ from ..util import human_bytes
 
 
 class LiveView:
-    def __init__(self, steps: int, quiet: bool = False) -> None:
+    def __init__(self, steps: int | None, quiet: bool = False) -> None:  # None: not known yet
         self.steps, self.quiet = steps, quiet
         self.tty = sys.stdout.isatty()
 
@@ -29,7 +29,7 @@ class LiveView:
         if r["kind"] == "step":
             rate = f"{r['tokens_per_s']:8.0f} tok/s  " if r.get("tokens_per_s") else ""
             line = (
-                f"step {r['step']:>4}/{self.steps}  {layout}  loss {r['loss']:.4f}  "
+                f"step {r['step']:>4}/{self.steps or '?'}  {layout}  loss {r['loss']:.4f}  "
                 f"{rate}{r['step_time']:.2f} s/step"
             )
             if self.tty:

@@ -19,6 +19,8 @@ from ..ptc.layout import Layout
 from ..util import env as tenv
 from ..util.env import DEVICE, EMULATED_HOSTS, JOB, SOURCES, SPEC, STORE
 
+OPEN_END = 2**31 - 1  # a phase's `until` when the run named no step count: the script's own ends it
+
 
 class SpecError(TenplexError):
     """A spec file that is missing, unreadable or not a spec."""
@@ -27,8 +29,10 @@ class SpecError(TenplexError):
 @dataclass
 class WorkerSpec:
     job: str
-    until: int  # the step this phase stops at
-    snapshot_every: int = 0
+    until: int  # the step this phase stops at (OPEN_END: at the script's own step count)
+    # None: the script's own `ElasticJob(until=..., snapshot_every=...)`; set: the command line's, which win
+    steps: int | None = None
+    snapshot_every: int | None = 0
     out: str | None = None  # where records go (worker.jsonl, ledgers)
     stop_file: str | None = None  # stop (and save) at the next step once it exists
     durable: str | None = None  # a persisted DCP snapshot to fall back to

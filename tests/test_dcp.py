@@ -11,7 +11,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from launch import on_two_hosts
-from tenplex.dcp import StoreReader, StoreWriter
+from tenplex.dcp import StoreReader, StoreWriter, location
 from tenplex.store import BadRequestError, ChecksumError, start_store
 from tenplex.transformer import StateError
 
@@ -112,31 +112,78 @@ def test_a_corrupted_range_raises_and_the_target_keeps_nothing_foreign():
         assert isinstance(_cause(e.value).__cause__, ChecksumError)
 
 
-def test_dtype_mismatch_is_named_and_nothing_is_read():
-    with start_store() as a:
-        _save({"w": torch.ones(4)}, StoreWriter("dt", 1, store=a.url))
-        target = {"w": torch.zeros(4, dtype=torch.float64)}
-        with pytest.raises(CheckpointException) as e:
-            _load(target, StoreReader("dt", store=a.url))
-        assert "'w' is float32 in the snapshot but torch.float64 in the target" in str(_cause(e.value))
-        assert not target["w"].any()
-
-
-def test_checkpoint_id_names_the_step_and_bad_names_are_refused():
+def test_checkpoint_id_is_a_location_and_bad_names_are_refused(tmp_path):
     with start_store() as a:
         w = StoreWriter("ids", 1, store=a.url)
         _save({"w": torch.ones(2)}, w)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            dcp.save({"w": torch.full((2,), 3.0)}, checkpoint_id="outputs/checkpoint/step-30",
-                     storage_writer=w, no_dist=True)  # fmt: skip
-        assert a.client().versions("ids") == [1, 30]
+        for run, value in (("run1", 3.0), ("run2", 4.0)):  # two runs' step-30 folders: two snapshots
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                dcp.save({"w": torch.full((2,), value)}, checkpoint_id=tmp_path / run / "step-30",
+                         storage_writer=w, no_dist=True)  # fmt: skip
+        job1, step = location(tmp_path / "run1" / "step-30")
+        assert step == 30 and job1 != location(tmp_path / "run2" / "step-30")[0]
+        assert location(tmp_path / "run1" / "step-31")[0] == job1  # the run's steps are one job
+        assert a.client().versions("ids") == [1] and a.client().versions(job1) == [30]
         got = {"w": torch.zeros(2)}
-        _load(got, StoreReader("ids", store=a.url))
+        _load(got, StoreReader(checkpoint_id=tmp_path / "run1" / "step-30", store=a.url))
         assert torch.equal(got["w"], torch.full((2,), 3.0))
-        with pytest.raises(StateError, match="names no step"):
-            w.reset("latest")
+        plain = tmp_path / "latest"  # a folder not ending in a number is step 0 of its own job
+        _save({"w": torch.full((2,), 5.0)}, StoreWriter(checkpoint_id=plain, store=a.url))
+        assert location(plain)[1] == 0 and location(plain)[0] != location(tmp_path / "latest0")[0]
+        _load(got, StoreReader(checkpoint_id=str(plain) + "/", store=a.url))
+        assert torch.equal(got["w"], torch.full((2,), 5.0))
     with pytest.raises(BadRequestError, match="invalid job name"):
         StoreWriter("a/b", 1)
     with pytest.raises(BadRequestError, match="invalid version"):
         StoreReader("job", -1)
+
+
+def test_overwrite_false_raises_as_dcp_does_and_keeps_the_save():
+    with start_store() as a:
+        _save({"w": torch.ones(2)}, StoreWriter("ow", 1, store=a.url))
+        with pytest.raises(CheckpointException, match="already exists and overwrite=False"):
+            _save({"w": torch.zeros(2)}, StoreWriter("ow", 1, store=a.url, overwrite=False))
+        got = {"w": torch.zeros(2)}
+        _load(got, StoreReader("ow", 1, store=a.url))
+        assert torch.equal(got["w"], torch.ones(2))
+
+
+def test_a_snapshot_loads_into_another_dtype_as_dcp_converts():
+    with start_store() as a:
+        w = torch.rand(4, 3)
+        _save({"w": w}, StoreWriter("conv", 1, store=a.url))
+        got = {"w": torch.zeros(4, 3, dtype=torch.bfloat16)}
+        _load(got, StoreReader("conv", store=a.url))
+        assert got["w"].dtype == torch.bfloat16 and torch.equal(got["w"], w.to(torch.bfloat16))
+
+
+DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,
+          torch.float8_e8m0fnu, torch.complex32, torch.complex64, torch.complex128, torch.uint16,
+          torch.uint32, torch.uint64, torch.bfloat16, torch.bool]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_every_dtype_torch_checkpoints_round_trips_bit_for_bit(dtype):
+    raw = torch.randint(0, 255, (6, 4 * dtype.itemsize), dtype=torch.uint8)
+    w = raw.view(dtype) if dtype != torch.bool else raw.bool()
+    with start_store() as a:
+        _save({"w": w}, StoreWriter("dt", 1, store=a.url))
+        got = {"w": torch.zeros_like(w)}
+        _load(got, StoreReader("dt", store=a.url))
+        assert torch.equal(got["w"].view(torch.uint8), w.view(torch.uint8))
+
+
+def test_planner_data_is_kept_so_conversion_and_loads_by_key_work(tmp_path):
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    sd = {"model": {"net": {"w": torch.rand(3), "b": torch.rand(2)}}, "step": 4}
+    with start_store() as a:
+        _save(sd, StoreWriter(checkpoint_id=tmp_path / "step-4", store=a.url))
+        reader = StoreReader(checkpoint_id=tmp_path / "step-4", store=a.url)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = _load_state_dict_from_keys("model", storage_reader=reader)
+        assert torch.equal(got["model"]["net"]["w"], sd["model"]["net"]["w"]) and "step" not in got
+        meta = StoreReader(checkpoint_id=tmp_path / "step-4", store=a.url).read_metadata()
+        assert meta.planner_data["model.net.w"] == ("model", "net", "w")

@@ -5,10 +5,12 @@
 
 DCP plans the resharding; the stores hold the bytes. A snapshot written this way is a tenplex snapshot
 (same manifest, same blobs, same atomic commit), so `tenplex.load` reads it too, and `StoreReader` reads
-what `tenplex.save` wrote.
+what `tenplex.save` wrote. A `checkpoint_id` path names a job and a step (`location`), so code written for
+DCP's file system passes its folders through unchanged.
 """
 
+from .location import location
 from .reader import StoreReader
-from .writer import StoreWriter
+from .writer import CheckpointExistsError, StoreWriter
 
-__all__ = ["StoreReader", "StoreWriter"]
+__all__ = ["CheckpointExistsError", "StoreReader", "StoreWriter", "location"]

@@ -22,7 +22,8 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from ..ptc import PTC, Box
+from ..ptc import PTC, Box, PTCError
+from ..ptc import values as value_codec
 from ..transformer.durable import TORCH_DTYPES
 from ..transformer.gathered import blob_name
 
@@ -31,7 +32,19 @@ try:  # the version DCP's own file system writer stamps; absent in some releases
 except ImportError:  # pragma: no cover
     CURRENT_DCP_VERSION = None
 
-DCP_SECTION = "dcp"  # manifest key written by StoreWriter: {"bytes": {fqn: [rank, nbytes]}}
+# manifest key written by StoreWriter: {"bytes": {fqn: [holder, nbytes]}, "planner_data": encoded}
+DCP_SECTION = "dcp"
+
+
+def planner_data(metadata: Metadata) -> dict[str, Any]:
+    """The save planner's own data (the default planner: how flat keys nest back into the state dict,
+    which `dcp_to_torch_save` and loads by key need), when it is plain data a manifest holds."""
+    if metadata.planner_data is None:
+        return {}
+    try:
+        return {"planner_data": value_codec.encode(metadata.planner_data)}
+    except PTCError:
+        return {}
 
 
 @dataclass(frozen=True)
@@ -68,7 +81,7 @@ def to_metadata(manifest: dict[str, Any]) -> tuple[Metadata, PTC]:
             storage[MetadataIndex(name, piece.box.start)] = Stored(name, piece.holders, piece.box)
         props = TensorProperties(dtype=TORCH_DTYPES[meta.dtype])
         items[name] = TensorStorageMetadata(props, torch.Size(meta.shape), chunks)
-    raw = manifest.get(DCP_SECTION, {}).get("bytes", {})
+    raw = manifest.get(DCP_SECTION, {}).get("bytes", {})  # DCP's bytes: a blob each
     for name, (rank, nbytes) in raw.items():
         items[name] = BytesStorageMetadata()
         storage[MetadataIndex(name)] = Stored(name, (int(rank),), Box.full((int(nbytes),)))
@@ -76,8 +89,10 @@ def to_metadata(manifest: dict[str, Any]) -> tuple[Metadata, PTC]:
         if name not in raw:
             items[name] = BytesStorageMetadata()
             storage[MetadataIndex(name)] = Stored(name, blob=False, value=value)
+    section = manifest.get(DCP_SECTION, {})
     meta = Metadata(
         state_dict_metadata=items,
+        planner_data=value_codec.decode(section["planner_data"]) if "planner_data" in section else None,
         storage_data=storage,
         storage_meta=StorageMeta(
             checkpoint_id=f"{manifest['job']}@{manifest['step']}", save_id=manifest.get("save_id")

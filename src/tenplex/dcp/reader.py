@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+import torch
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 from torch.distributed.checkpoint.storage import StorageReader
@@ -27,19 +28,23 @@ from ..ptc import PTC, Box
 from ..store import StoreError, read_many, relay_many
 from ..store.keys import check_job, check_step
 from ..transformer import world
-from ..transformer.errors import ShapeMismatchError, StateError, UnrecoverableError
+from ..transformer.durable import TORCH_DTYPES
+from ..transformer.errors import StateError, UnrecoverableError
 from ..transformer.shards import DTYPES, Staged
 from ..transformer.snapshot import choose
 from ..transformer.stores import client, resolve
 from ..util import env
+from .location import location
 from .metadata import Stored, to_metadata
-from .writer import step_of
 
 Source = tuple[str, str, bool] | None  # (store URL, blob name, through the own store's relay); None: a value
 
 
 class StoreReader(StorageReader):
     """Read version `step` (default: the newest complete one) of `job` from the tensor stores.
+
+    A `checkpoint_id` (given here or to `dcp.load`) names the version instead: a step number of `job`, or a
+    path mapped to a job and step by `tenplex.dcp.location`, as `StoreWriter` maps it.
 
     `store`: this rank's store (default $TENPLEX_STORE, else the local default). `sources`: more stores to
     look in (default $TENPLEX_SOURCES, comma-separated), e.g. the old hosts' stores after a move.
@@ -49,16 +54,19 @@ class StoreReader(StorageReader):
 
     def __init__(
         self,
-        job: str,
+        job: str | None = None,
         step: int | None = None,
         *,
+        checkpoint_id: str | os.PathLike | int | None = None,
         store: str | None = None,
         sources: list[str] | None = None,
         process_group: world.Group = None,
     ) -> None:
         super().__init__()
-        self.job = check_job(job)
+        self.job = None if job is None else check_job(job)
         self.step = None if step is None else check_step(step)
+        if checkpoint_id is not None:
+            self.job, self.step = location(checkpoint_id, self.job)
         self.url = resolve(store)
         if sources is None:
             sources = env.url_list(env.SOURCES)
@@ -73,7 +81,7 @@ class StoreReader(StorageReader):
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id is not None:
-            self.step = step_of(checkpoint_id)
+            self.job, self.step = location(checkpoint_id, self.job)
         self.load_id = uuid.uuid4().hex
         self._chosen, self._error = None, None
 
@@ -91,6 +99,9 @@ class StoreReader(StorageReader):
         collectives over `process_group` are safe; a `no_dist` load inside a distributed job is not).
         Failing to find one is reported from `set_up_storage_reader`, which DCP lets raise as it is (it
         would swallow the error here)."""
+        if self.job is None:
+            self._error = StateError("StoreReader needs a job: StoreReader(job), or a checkpoint_id")
+            return Metadata(state_dict_metadata={})
         if world.active() and world.size(self.group) > 1:
             self._peers = set(world.all_gather(self.url, self.group))
         try:  # lost stores are handled in the global plan
@@ -177,12 +188,7 @@ class StoreReader(StorageReader):
                     values.append((item, out))
                 else:
                     target = planner.resolve_tensor(item).detach()
-                    stored = self._chosen[2].tensors[s.name].dtype
-                    if DTYPES.get(target.dtype) != stored:
-                        raise ShapeMismatchError(
-                            f"tensor {s.name!r} is {stored} in the snapshot but {target.dtype} in the target"
-                        )
-                    staged = Staged(target, fill=False)
+                    staged = _staging(target, self._chosen[2].tensors[s.name].dtype)
                     out = staged.array if staged.array.flags.c_contiguous else np.empty_like(staged.array)
                     tensors.append((item, target, staged, out))
                 url, blob, relay = src
@@ -213,7 +219,10 @@ class StoreReader(StorageReader):
         for item, target, staged, out in tensors:
             if out is not staged.array:
                 np.copyto(staged.array, out)
-            staged.finish()
+            if staged.tensor is target:
+                staged.finish()
+            else:  # the snapshot's dtype differs: converted as DCP's own readers do, by `copy_`
+                target.copy_(staged.tensor)
             planner.commit_tensor(item, target)
         fut: Future[None] = Future()
         fut.set_result(None)
@@ -222,6 +231,14 @@ class StoreReader(StorageReader):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
         return False  # never chosen by DCP on its own: pass the reader explicitly
+
+
+def _staging(target: torch.Tensor, stored: str) -> Staged:
+    """Where a range lands: in the target itself, or, when the snapshot holds another dtype, in a tensor of
+    that dtype (converted into the target once read)."""
+    if DTYPES.get(target.dtype) == stored:
+        return Staged(target, fill=False)
+    return Staged(torch.empty(target.shape, dtype=TORCH_DTYPES[stored]), fill=False)
 
 
 def _range(item: Any, s: Stored) -> Box:

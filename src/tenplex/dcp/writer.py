@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
-import re
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,13 @@ from ..transformer.gathered import RankShards, blob_name, build_ptc, describe
 from ..transformer.shards import DTYPES, Staged
 from ..transformer.snapshot import make_manifest
 from ..transformer.stores import client, resolve
-from .metadata import DCP_SECTION
+from .location import location
+from .metadata import DCP_SECTION, planner_data
+
+
+class CheckpointExistsError(StateError, RuntimeError):
+    """The step a save names is committed and the writer was told not to overwrite it (DCP raises a
+    RuntimeError there too)."""
 
 
 @dataclass(frozen=True)
@@ -41,34 +47,50 @@ class Written:
     box: Box | None  # tensors: the chunk in the global tensor; None for bytes
     value: Any = None  # bytes that decode to plain data: the value, so that `tenplex.load` sees it too
     has_value: bool = False
+    holder: int = 0  # the PTC device the blob belongs to: the rank, or a slot for its further chunks
 
 
 class StoreWriter(StorageWriter):
     """Write a DCP checkpoint as version `step` of `job` in the tensor stores.
 
-    `store`: this rank's store (default $TENPLEX_STORE, else the local default). `keep`: after the commit,
-    keep only the newest `keep` committed versions. A `checkpoint_id` given to `dcp.save` that ends in a
-    number (`"step-20"`, a torchtitan checkpoint folder) sets the step.
+    A `checkpoint_id` (given here or to `dcp.save`) names the location instead: a step number of `job`, or a
+    path mapped to a job and step by `tenplex.dcp.location`. `store`: this rank's store (default
+    $TENPLEX_STORE, else the local default). `keep`: after the commit, keep only the newest `keep`
+    committed versions. `overwrite`: replace a committed step (DCP's default), or raise as DCP does.
     """
 
-    def __init__(self, job: str, step: int, *, store: str | None = None, keep: int | None = None) -> None:
+    def __init__(
+        self,
+        job: str | None = None,
+        step: int | None = None,
+        *,
+        checkpoint_id: str | os.PathLike | int | None = None,
+        store: str | None = None,
+        keep: int | None = None,
+        overwrite: bool = True,
+    ) -> None:
         super().__init__()
-        self.job, self.step = check_job(job), check_step(step)
+        self.job = None if job is None else check_job(job)
+        self.step = None if step is None else check_step(step)
         self.url = resolve(store)
-        self.keep = keep
+        self.keep, self.overwrite = keep, overwrite
         self.save_id = uuid.uuid4().hex
         self.rank = 0
-        self._ranks: list[dict[str, str]] = []
-
-    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+        self._ranks: list[dict[str, Any]] = []
         if checkpoint_id is not None:
-            self.step = step_of(checkpoint_id)
+            self.reset(checkpoint_id)
+
+    def reset(self, checkpoint_id: str | os.PathLike | int | None = None) -> None:
+        if checkpoint_id is not None:
+            self.job, self.step = location(checkpoint_id, self.job)
         self.save_id = uuid.uuid4().hex  # tells this save's commits from an abandoned attempt at the step
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.rank = int(kwargs.get("rank") or 0)
         if kwargs.get("use_collectives", True) is False:
             raise StateError("StoreWriter commits one version for all ranks: use_collectives=False cannot")
+        if self.job is None or self.step is None:
+            raise StateError("StoreWriter needs a job and a step: StoreWriter(job, step), or a checkpoint_id")
 
     def storage_meta(self) -> StorageMeta | None:
         return StorageMeta(checkpoint_id=f"{self.job}@{self.step}", save_id=self.save_id)
@@ -80,41 +102,53 @@ class StoreWriter(StorageWriter):
                     f"tensor {item.index.fqn!r} has dtype {item.tensor_data.properties.dtype}, "
                     "which tenplex cannot store"
                 )
-        _replace_committed(client(self.url), self.job, self.step)  # before the plans are gathered
+        _replace_committed(client(self.url), self.job, self.step, self.overwrite)  # before plans are gathered
         device = describe(self.url, {}, {}).device
-        return dataclasses.replace(plan, storage_data={"store": self.url, "device": device})
+        info = {"store": self.url, "device": device, "at": (self.job, self.step)}
+        return dataclasses.replace(plan, storage_data=info)
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        """Coordinator: the ranks agree on the location; a rank's further chunks of a tensor (a legacy
+        ShardedTensor with several shards on one rank) get slots, PTC devices of their own on its store."""
         self._ranks = [dict(p.storage_data) for p in plans]
         devices = [r["device"] for r in self._ranks]
         if len(set(devices)) != len(devices):
             raise StateError(f"two ranks claim the same device id: {devices} (set TENPLEX_DEVICE)")
-        return plans
+        places = {tuple(r["at"]) for r in self._ranks}
+        if len(places) > 1:
+            raise StateError(f"the ranks name different checkpoints: {sorted(places)} (same checkpoint_id)")
+        out = []
+        for r, p in enumerate(plans):
+            chunks = Counter(i.index.fqn for i in p.items if i.type != WriteItemType.BYTE_IO)
+            slots = [len(self._ranks) + k for k in range(max(chunks.values(), default=1) - 1)]
+            for k, _ in enumerate(slots, start=1):
+                self._ranks.append({**self._ranks[r], "device": f"{devices[r]}+{k}"})
+            out.append(dataclasses.replace(p, storage_data={"holders": [r, *slots]}))
+        return out
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         own = client(self.url)
         own.create_version(self.job, self.step)
-        results, seen = [], set()
+        results, count = [], Counter[str]()
+        holders = plan.storage_data["holders"]
         for item in plan.items:
             name = item.index.fqn
-            if name in seen:
-                raise StateError(f"{name!r} has more than one chunk on rank {self.rank}; tenplex stores one")
-            seen.add(name)
             data = planner.resolve_data(item)
-            blob = blob_name(self.rank, name)
             if item.type == WriteItemType.BYTE_IO:
                 raw = np.frombuffer(data.getbuffer(), dtype=np.uint8)
-                own.write_blob(self.job, self.step, blob, raw, "uint8")
-                results.append(WriteResult(item.index, raw.nbytes, _as_value(raw)))
+                own.write_blob(self.job, self.step, blob_name(holders[0], name), raw, "uint8")
+                results.append(WriteResult(item.index, raw.nbytes, _as_value(raw, holders[0])))
                 continue
+            holder = holders[count[name]]
+            count[name] += 1
             t = data.detach()
             chunk = item.tensor_data.chunk
             box = Box(tuple(chunk.offsets), tuple(o + s for o, s in zip(chunk.offsets, chunk.sizes)))
             if t.device.type != "cpu":
                 t = t.cpu()
             staged = Staged(t, fill=True).array
-            own.write_blob(self.job, self.step, blob, staged, DTYPES[t.dtype])
-            results.append(WriteResult(item.index, t.numel() * t.element_size(), Written(box)))
+            own.write_blob(self.job, self.step, blob_name(holder, name), staged, DTYPES[t.dtype])
+            results.append(WriteResult(item.index, t.numel() * t.element_size(), Written(box, holder=holder)))
         fut: Future[list[WriteResult]] = Future()
         fut.set_result(results)
         return fut
@@ -125,26 +159,23 @@ class StoreWriter(StorageWriter):
         raw: dict[str, list[int]] = {}
         values: dict[str, Any] = {}
         blobs: dict[str, list[str]] = {info["store"]: [] for info in self._ranks}
-        for r, written in enumerate(results):
+        for written in results:
             for wr in written:
                 w, name = wr.storage_data, wr.index.fqn
-                blobs[self._ranks[r]["store"]].append(blob_name(r, name))
+                blobs[self._ranks[w.holder]["store"]].append(blob_name(w.holder, name))
                 if w.box is None:
-                    raw[name] = [r, wr.size_in_bytes]
+                    raw[name] = [w.holder, wr.size_in_bytes]
                     if w.has_value:
                         values[name] = w.value
                     continue
                 md = metadata.state_dict_metadata[name]
-                layouts[r].tensors[name] = (
-                    tuple(md.size),
-                    DTYPES[md.properties.dtype],
-                    (w.box.start, w.box.stop),
-                )
+                span = (w.box.start, w.box.stop)
+                layouts[w.holder].tensors[name] = (tuple(md.size), DTYPES[md.properties.dtype], span)
         ptc = build_ptc(layouts, values)
         stores = sorted(blobs)
         manifest = make_manifest(self.job, self.step, ptc)
         manifest.update(save_id=self.save_id, stores=stores)  # DCP's storage_meta carries this save id
-        manifest[DCP_SECTION] = {"bytes": raw}
+        manifest[DCP_SECTION] = {"bytes": raw, **planner_data(metadata)}
         # where each store copies its committed versions, so a load can find them when it dies
         manifest["replicas"] = {u: client(u).health().get("replicas", []) for u in stores}
         for url in stores:
@@ -158,31 +189,24 @@ class StoreWriter(StorageWriter):
         return False  # never chosen by DCP on its own: pass the writer explicitly
 
 
-def step_of(checkpoint_id: str | os.PathLike | int) -> int:
-    """The step a DCP checkpoint_id names: an int, or a string or path ending in a number."""
-    if isinstance(checkpoint_id, int):
-        return check_step(checkpoint_id)
-    m = re.search(r"(\d+)/*$", os.fspath(checkpoint_id))
-    if m is None:
-        raise StateError(f"checkpoint_id {checkpoint_id!r} names no step (expected it to end in a number)")
-    return check_step(int(m.group(1)))
-
-
-def _as_value(raw: np.ndarray) -> Written:
+def _as_value(raw: np.ndarray, holder: int) -> Written:
     """DCP's bytes of a non-tensor value; the value itself too when it is plain data a manifest holds
     (decoded with `weights_only`, so nothing but data is ever unpickled here)."""
     try:
         value = torch.load(io.BytesIO(raw.tobytes()), weights_only=True)
         value_codec.encode(value)
     except Exception:
-        return Written(None)
-    return Written(None, value, True)
+        return Written(None, holder=holder)
+    return Written(None, value, True, holder)
 
 
-def _replace_committed(own: StoreClient, job: str, step: int) -> None:
+def _replace_committed(own: StoreClient, job: str, step: int, overwrite: bool) -> None:
     """DCP's `save` to a checkpoint id that names a committed step replaces it (its writers carry no
-    common save id to keep the old save readable beside the new one, as `tenplex.save` does)."""
+    common save id to keep the old save readable beside the new one, as `tenplex.save` does), or raises
+    as DCP's file system does when `overwrite` is False."""
     if step in own.versions(job):
+        if not overwrite:
+            raise CheckpointExistsError(f"checkpoint {job}@{step} already exists and overwrite=False")
         try:
             own.delete_version(job, step)
         except NotFoundError:  # another rank on this host deleted it first

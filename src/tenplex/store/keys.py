@@ -23,10 +23,16 @@ MAX_NAME = 1024
 MAX_NDIM = 32
 MAX_STEP = 2**63 - 1
 
-# numpy has no bfloat16: its bytes travel as 2-byte integers
-NUMPY_DTYPE: dict[str, np.dtype] = {
-    name: np.dtype("uint16" if name == "bfloat16" else name) for name in ITEM_SIZE
-}
+
+# numpy has no bfloat16, float8, float4 or complex32: their bytes travel as unsigned integers of their width
+def _numpy_dtype(name: str, size: int) -> np.dtype:
+    try:
+        return np.dtype(name)
+    except TypeError:
+        return np.dtype(f"uint{8 * size}")
+
+
+NUMPY_DTYPE: dict[str, np.dtype] = {name: _numpy_dtype(name, size) for name, size in ITEM_SIZE.items()}
 
 
 def check_job(job: object) -> str:
@@ -106,7 +112,9 @@ def check_out(out: np.ndarray, dtype: str, box: Box) -> np.ndarray:
     if tuple(out.shape) != box.shape:
         raise BadRequestError(f"out has shape {list(out.shape)}, box {box} has shape {list(box.shape)}")
     want = NUMPY_DTYPE[dtype]
-    same = out.dtype == want or (dtype == "bfloat16" and out.dtype.itemsize == 2 and out.dtype.kind in "uiV")
+    same = out.dtype == want or (
+        want.name != dtype and out.dtype.itemsize == want.itemsize and out.dtype.kind in "uiV"
+    )
     if not same and out.dtype.name != dtype:
         raise BadRequestError(f"out has dtype {out.dtype}, the blob holds {dtype}")
     return out.view(want)

@@ -13,24 +13,20 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.distributed.tensor.placement_types import Partial, Shard, _StridedShard
 
-from ..ptc import Box
+from ..ptc import ITEM_SIZE, Box
+from ..store.keys import NUMPY_DTYPE
 from ..util.arena import Arena
 from .errors import StateError
 
+# every dtype a checkpoint may hold, by the PTC's names (ptc/dtypes.py); those this torch lacks are left out
 DTYPES: dict[torch.dtype, str] = {
-    torch.float64: "float64",
-    torch.float32: "float32",
-    torch.float16: "float16",
-    torch.bfloat16: "bfloat16",
-    torch.int64: "int64",
-    torch.int32: "int32",
-    torch.int16: "int16",
-    torch.int8: "int8",
-    torch.uint8: "uint8",
-    torch.bool: "bool",
+    getattr(torch, name): name for name in ITEM_SIZE if isinstance(getattr(torch, name, None), torch.dtype)
 }
-# numpy has no bfloat16: its bytes travel as uint16, as the store expects
-VIEW_AS = {torch.bfloat16: torch.uint16}
+# numpy has no bfloat16, float8, float4 or complex32: their bytes travel as unsigned integers of their width,
+# as the store expects (store/keys.py NUMPY_DTYPE)
+VIEW_AS = {
+    t: getattr(torch, NUMPY_DTYPE[name].name) for t, name in DTYPES.items() if NUMPY_DTYPE[name].name != name
+}
 
 
 @dataclass
@@ -120,7 +116,7 @@ def _strided_box(name: str, tensor: DTensor) -> Box:
 
 
 def as_numpy(t: torch.Tensor) -> np.ndarray:
-    """A numpy view sharing memory with a CPU tensor (bfloat16 viewed as uint16)."""
+    """A numpy view sharing memory with a CPU tensor (bfloat16, float8... viewed as unsigned integers)."""
     t = t.detach()
     if t.dtype in VIEW_AS:
         t = t.view(VIEW_AS[t.dtype])

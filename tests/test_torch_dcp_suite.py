@@ -1,0 +1,49 @@
+"""PyTorch's own DCP tests on the stores (scripts/torch_dcp_suite.py): every test that passes on DCP's file
+system passes on tenplex's stores. Skipped where PyTorch's test files or `expecttest` are absent
+(tests/third_party/torch_dcp/README.md)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import torch_dcp_suite as suite  # noqa: E402
+
+pytestmark = [
+    pytest.mark.dist,
+    pytest.mark.skipif(
+        not any(suite.TESTS.glob("test_*.py")), reason="PyTorch's DCP tests are not copied in"
+    ),
+    pytest.mark.skipif(importlib.util.find_spec("expecttest") is None, reason="expecttest is not installed"),
+]
+
+# no-dist, the default storage from a checkpoint_id, conversion (planner_data), bytes over 2 ranks
+SUBSET = " or ".join(
+    [
+        "test_read_write_only_tensor_thread_count_1",
+        "test_dcp_to_torch_save",
+        "test_save_load_bytes_thread_count_1",
+    ]
+)
+
+
+def _check(keyword: str | None) -> None:
+    fs = suite.run(suite.TESTS, False, keyword, 1200)
+    st = suite.run(suite.TESTS, True, keyword, 1200)
+    res = suite.compare(fs, st)
+    assert res["fs_passed"] > 0, fs
+    assert res["lost"] == [], res
+
+
+def test_a_few_of_pytorchs_dcp_tests_pass_on_the_stores_as_on_the_file_system():
+    _check(SUBSET)
+
+
+@pytest.mark.slow
+def test_every_pytorch_dcp_test_the_file_system_passes_passes_on_the_stores():
+    _check(None)

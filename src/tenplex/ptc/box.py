@@ -23,8 +23,8 @@ class Box:
                 raise PTCError(f"invalid box [{self.start}, {self.stop})")
 
     def __reduce__(self) -> tuple:
-        # pickled as its constructor call (the default for slotted dataclasses sets each field from Python:
-        # sending a snapshot's PTC to the other ranks took 2-3x longer)
+        # pickled as its constructor call: the default for slotted dataclasses sets each field from Python,
+        # which slows sending a snapshot's PTC to the other ranks (the save's `gather` phase)
         return Box, (self.start, self.stop)
 
     @classmethod

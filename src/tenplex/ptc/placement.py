@@ -134,8 +134,8 @@ class Explicit:
         return Explicit, (self.pieces,)  # see Box.__reduce__
 
     def check(self, mesh: Mesh, shape: tuple[int, ...], name: str = "") -> None:
-        # every rank checks every tensor of the job on each load: plain loops over the coordinates (the
-        # generic Box methods cost 3x more here, for a few hundred tensors on every rank)
+        # every rank checks every tensor of the job on each load: plain loops over the coordinates, cheaper
+        # than the generic Box methods for a few hundred tensors on every rank
         what = f"tensor {name!r}: " if name else ""
         ndim, ranks, total = len(shape), mesh.size, 0
         spans = []

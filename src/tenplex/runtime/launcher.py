@@ -32,10 +32,10 @@ class Launcher:
     def fill(self, starting: bool = False) -> None:
         """Spare processes for every rank the schedule will need (they import while the job trains), and
         the stores of the spare hosts: a host's store runs before the job needs it, as a real host's would
-        (started by a redeploy, two stores cost it 0.8-0.9 s of downtime on this machine's 2 loaded cores).
-        `starting`: the first phase is about to take its ranks from the pool, so start those as well: else
-        the spares replacing them would import while the job's first change comes (its build and first
-        step 1-3 s slower on 2 cores)."""
+        (started by a redeploy, their start-up would count as the redeploy's downtime). `starting`: the
+        first phase is about to take its ranks from the pool, so start those as well: else the spares
+        replacing them would import while the job's first change comes, slowing its build and first step
+        (the demo's downtime parts: `results/demo.json`)."""
         self.pool.fill(self.pool_size + (len(self.hosts.allocation) if starting else 0))
         # in this thread: a store dies with the thread that started it (PR_SET_PDEATHSIG), so one started
         # by a helper thread would be killed when that thread ends, leaving its shared memory behind

@@ -19,7 +19,7 @@ from .rounds import AgentError
 log = logs.get("agent")
 
 # c10d settings unless --rdzv-conf says otherwise: torch's defaults (30 s last call, 5 s x 3 heartbeats)
-# are made for restarting whole worker groups; here a round forms within ~1 s of a change
+# are made for restarting whole worker groups; here a round forms as soon as its members are there
 DEFAULTS = {
     "last_call_timeout": "1",
     "keep_alive_interval": "1",
@@ -64,11 +64,12 @@ def handler(s: Settings) -> tuple[Any, float]:
 
 
 def quicken(h: Any, poll: float) -> None:
-    """Let torch's rendezvous read its state every `poll` s while a round forms, not every second: a
-    round then forms within ~0.2 s of its last member joining instead of 1-2 s (the reads are one small
-    get on the rendezvous store each). The rounds, their rules and timeouts stay torch's; this changes only
-    the pace of the join loop's polls (`_delay`) and of the state cache behind them. Private names of
-    torch 2.13: when they are gone, the agent runs at torch's own pace, with a notice."""
+    """Let torch's rendezvous read its state every `poll` s while a round forms, not every second, so a
+    round forms a poll after its last member joins rather than up to two seconds later (the reads are one
+    small get on the rendezvous store each; `benchmarks/bench_agent.py` measures the joins). The rounds,
+    their rules and timeouts stay torch's; this changes only the pace of the join loop's polls (`_delay`)
+    and of the state cache behind them. Private names of torch 2.13: when they are gone, the agent runs at
+    torch's own pace, with a notice."""
     if poll >= 1.0:
         return
     try:

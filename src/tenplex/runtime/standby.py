@@ -147,8 +147,8 @@ def _become(role: dict[str, Any], previous: set[str]) -> int:
 
 
 def preload() -> None:
-    """What a rank would otherwise import while the job waits (each a second or so), and DTensor's one-time
-    costs (`train.warmup`: some 0.05 s of a rank's first tensor-parallel build and step)."""
+    """What a rank would otherwise import while the job waits, and DTensor's one-time costs of a rank's
+    first tensor-parallel build and step (`train.warmup`; `benchmarks/bench_warmup.py` measures both)."""
     import torch
     import torch.distributed.checkpoint
     import torch.distributed.fsdp

@@ -52,7 +52,7 @@ class Workers:
         self.slots = [self._spawn() for _ in range(nproc)]
         self.spare: Process | None = None
         # a spare only where cores are left over for it: on a host with few, its warm-up (a torch import)
-        # would take them from the job's own changes (measured: a join of 1.9 s took 2.5-2.7 s on 2 cores)
+        # would take them from the job's own changes (joins slowed in `benchmarks/bench_agent.py`)
         self.spares = (os.cpu_count() or 1) >= SPARE_CORES_PER_WORKER * (nproc + 1)
 
     @property

@@ -1,10 +1,10 @@
 """One process per pool imports torch and tenplex, then forks the pool's spare rank processes from itself.
 
-Why: a spare started from nothing costs an interpreter and a torch import, about 2 s of CPU each. On this
-machine's 2 cores the four spares a scale-out refills ran beside the new layout's first step and made it
-1.3 s instead of 0.4 s. A fork of a process that has imported everything costs milliseconds, and the
-imported modules' pages are shared copy-on-write. The zygote runs no torch op and starts no thread, so a
-fork copies no half-held lock.
+Why: a spare started from nothing costs an interpreter and a torch import, seconds of CPU each. On few
+cores the spares a scale-out refills run beside the new layout's first step and slow it (the `first step`
+part of the demo's downtimes, `results/demo.json`). A fork of a process that has imported everything
+costs far less, and the imported modules' pages are shared copy-on-write. The zygote runs no torch op and
+starts no thread, so a fork copies no half-held lock.
 
 A spare is driven as a `Popen` is (`poll`, `wait`, `kill`, `stdin`), but it is the zygote's child, not the
 controller's: the zygote reaps it and writes its exit code to a file. Roles reach it through a FIFO the

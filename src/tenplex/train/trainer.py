@@ -106,7 +106,7 @@ class Trainer:
 
     def _stage_shapes(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This stage's micro-batch input and output, as meta tensors: given up front, the stages skip the
-        shape exchange of their first step (0.1-0.4 s of a new layout's first step here). Every
+        shape exchange of their first step (part of a new pp layout's first step after a change). Every
         micro-batch of a pipeline has one size (`check_batching`), training and evaluation alike; the
         stages' outputs are plain tensors (the tensor-parallel plan gathers the logits)."""
         start, stop = split_bounds(self.cfg.global_batch, self.layout.dp, self.dp_rank)

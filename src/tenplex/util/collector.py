@@ -1,10 +1,11 @@
 """Python's cyclic garbage collector kept off the short calls that must be fast.
 
-A full collection walks every tracked object of the process: with torch imported that is some 250 000,
-and a rank that holds a model and a plan has more. Measured in the reconfiguration benchmark's ranks (4
-ranks on 2 cores), one full collection took 0.17-0.53 s, and the planner's allocations set one off inside
-a load often enough to be its slowest phase. Save and load make almost no cycles (their objects are freed
-by reference counting), so the collector has nothing to find there; it waits until they return.
+A full collection walks every tracked object of the process (torch alone brings hundreds of thousands),
+and a rank that holds a model and a plan has more. In the reconfiguration benchmark's ranks
+(`benchmarks/bench_reconfig.py`, `results/bench_reconfig.json`: the load's phases) the planner's
+allocations set one off inside a load often enough to make it the load's slowest phase. Save and load
+make almost no cycles (their objects are freed by reference counting), so the collector has nothing to
+find there; it waits until they return.
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ def wait_listening(host: str, port: int, timeout: float, poll: float = 0.002) ->
     """Wait until something accepts connections on `host:port`; False after `timeout` seconds.
 
     Why: a process group's non-zero ranks connect to rank 0's TCPStore, and one that tries before rank 0
-    listens is refused and backs off for 0.6-0.7 s (measured with 4 gloo ranks started together: 5 ms
-    when rank 0 listened first, 0.62-0.73 s when a client came first). Polling every few ms and only
-    then creating the process group turns that into the time rank 0 actually needs."""
+    listens is refused and backs off for much longer than rank 0 needs to start listening. Polling every
+    few ms and only then creating the process group turns that into the time rank 0 actually needs
+    (the `process group` part of each change's downtime in `results/demo.json`)."""
     deadline = time.monotonic() + timeout
     while True:
         try:

@@ -122,25 +122,7 @@ def build_corpus(
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
     try:
-        counts = {"train": [0, 0], "val": [0, 0]}  # documents, tokens
-        outs = {s: open(tmp / f"{s}.bin", "wb") for s in counts}  # noqa: SIM115 - closed below
-        starts: dict[str, list[int]] = {s: [] for s in counts}
-        try:
-            for name, p in files:
-                data = p.read_bytes()
-                if not data:
-                    continue
-                split = "val" if _heldout(name, heldout) else "train"
-                starts[split].append(counts[split][1])
-                outs[split].write(data)
-                outs[split].write(bytes([SEPARATOR]))
-                counts[split][0] += 1
-                counts[split][1] += len(data) + 1
-        finally:
-            for f in outs.values():
-                f.close()
-        for s in counts:
-            np.save(tmp / f"{s}.idx.npy", np.asarray(starts[s], dtype=np.int64))
+        counts = _write_splits(tmp, files, heldout)
         meta = {
             "version": FORMAT_VERSION,
             "dtype": "uint8",
@@ -163,6 +145,31 @@ def build_corpus(
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return Corpus(dest)
+
+
+def _write_splits(tmp: Path, files: list[tuple[str, Path]], heldout: float) -> dict[str, list[int]]:
+    """Each file's bytes and a separator into its split's `.bin`, and the split's document starts into its
+    `.idx.npy`; per split, [documents, tokens]."""
+    counts = {"train": [0, 0], "val": [0, 0]}
+    starts: dict[str, list[int]] = {s: [] for s in counts}
+    outs = {s: open(tmp / f"{s}.bin", "wb") for s in counts}  # noqa: SIM115 - closed below
+    try:
+        for name, p in files:
+            data = p.read_bytes()
+            if not data:
+                continue
+            split = "val" if _heldout(name, heldout) else "train"
+            starts[split].append(counts[split][1])
+            outs[split].write(data)
+            outs[split].write(bytes([SEPARATOR]))
+            counts[split][0] += 1
+            counts[split][1] += len(data) + 1
+    finally:
+        for f in outs.values():
+            f.close()
+    for s in counts:
+        np.save(tmp / f"{s}.idx.npy", np.asarray(starts[s], dtype=np.int64))
+    return counts
 
 
 class TokenWindows:

@@ -189,7 +189,7 @@ def run_world(spec: dict, timeout: float, world: int = 4, net=None, hosts: list[
             popen = lambda r, argv, env: net.popen(hosts[r], argv, env=env)  # noqa: E731
         try:
             run_local([sys.executable, "-m", "reconfig_worker"], world, env=e, per_rank_env=per_rank,
-                      timeout=timeout, master=master, port=port, popen=popen)  # fmt: skip
+                      timeout=timeout, master=(master, port), popen=popen)  # fmt: skip
         except RanksFailed as err:
             raise SystemExit(f"ranks {err.failed} failed (their output is above)") from None
         return [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(world)]

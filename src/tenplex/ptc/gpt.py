@@ -128,7 +128,6 @@ def gpt_ptc(
     devices_per_host: int = 8,
     devices: Sequence[tuple[str, str]] | None = None,
     zero: int = 0,
-    dtype: str = "float32",
     optimizer: bool = True,
 ) -> PTC:
     """The PTC of `cfg` trained with AdamW on a (pp, dp, tp) mesh (tp fastest, so tp groups share hosts).
@@ -137,5 +136,5 @@ def gpt_ptc(
     over dp splits dim 0, in mesh order before tp.
     """
     check_layout(cfg, dp, tp, pp)
-    return model_ptc(gpt_spec(cfg), dp, tp, pp, devices_per_host=devices_per_host, devices=devices, zero=zero,
-                     dtype=dtype, optimizer=optimizer)  # fmt: skip
+    where = {"devices_per_host": devices_per_host, "devices": devices}
+    return model_ptc(gpt_spec(cfg), dp, tp, pp, **where, zero=zero, optimizer=optimizer)

@@ -144,13 +144,12 @@ def model_ptc(
     devices_per_host: int = 8,
     devices: Sequence[tuple[str, str]] | None = None,
     zero: int = 0,
-    dtype: str | None = None,
     optimizer: bool | None = None,
 ) -> PTC:
     """The PTC of `spec` on a (pp, dp, tp) mesh (tp fastest, so tp groups share hosts).
 
     zero=1 shards the AdamW moments over dp (ZeRO-1); zero=3 shards parameters too (FSDP / ZeRO-3). Sharding
-    over dp splits dim 0, in mesh order before tp. `dtype` overrides every parameter's.
+    over dp splits dim 0, in mesh order before tp.
     """
     spec.check(dp, tp, pp)
     if zero not in (0, 1, 2, 3):
@@ -164,7 +163,7 @@ def model_ptc(
         place = Placement.of(stages, **shards)
         sharded = Placement.of(stages, **{"dp": 0, **shards}) if p.shape else place
         name = f"model.{p.name}" if spec.optimizer else p.name
-        entries.append((TensorMeta(name, p.shape, dtype or p.dtype), sharded if zero >= 3 else place))
+        entries.append((TensorMeta(name, p.shape, p.dtype), sharded if zero >= 3 else place))
         if adamw:
             moments = sharded if zero >= 1 else place
             for key in ADAMW:

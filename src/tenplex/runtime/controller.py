@@ -98,14 +98,13 @@ class Controller:
             self.launcher.close()
             self.monitor.reap(grace=10.0, wait=True)
 
-    def _run(self) -> dict[str, Any]:
+    def _begin(self) -> tuple[int, list[Event], list[Event]]:
+        """Start the job, or resume it from its committed step (a rerun of the same run directory): that
+        step, and the schedule's events still to come by step and by time."""
         cfg = self.cfg
         first, rest = cfg.schedule[0], cfg.schedule[1:]
         resumed = self.hosts.restore()
-        step = 0
-        if resumed:
-            durable_step = self.tier.newest()
-            step = max(self._committed_step(), durable_step)
+        step = max(self._committed_step(), self.tier.newest()) if resumed else 0
         by_step = [
             e for e in rest if e.step is not None and e.step >= step and (e.step > step or not resumed)
         ]
@@ -115,15 +114,16 @@ class Controller:
             self.timeline.write("resume", step=step, stores=self.hosts.stores, caught_up=caught_up)
             self.live.note(f"resuming job {cfg.job} from its committed step {step}")
         else:
-            self.timeline.write(
-                "start",
-                job=cfg.job,
-                steps=cfg.steps,
-                schedule=[e.describe() for e in cfg.schedule],
-                train=asdict(cfg.train),
-            )
+            schedule = [e.describe() for e in cfg.schedule]
+            train = asdict(cfg.train)
+            self.timeline.write("start", job=cfg.job, steps=cfg.steps, schedule=schedule, train=train)
         if not self.hosts.allocation:
             self._apply(first, step)
+        return step, by_step, by_time
+
+    def _run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        step, by_step, by_time = self._begin()
         self.launcher.fill(starting=True)  # every rank the schedule will need imports from the start
         index, prev, crashes, crashed_at = self._next_phase(), None, 0, -1
         ahead: Ahead | None = None

@@ -46,31 +46,7 @@ class Monitor:
         off it); touch the stop file at time `stop_at`. With `overlap_exit`, a phase whose state is
         committed is left while its processes tear down."""
         fails = [e for e in by_step if e.is_failure and phase.start_step <= e.step < phase.until]
-        while True:
-            self.take_records(phase)
-            for e in list(fails):
-                if phase.trained and phase.last_step >= e.step and phase.failed_at is None:
-                    fails.remove(e)
-                    by_step.remove(e)
-                    self.fail(phase, e)
-                    self.fired(phase)
-            if stop_at is not None and time.time() >= stop_at:
-                (phase.dir / "stop").touch()
-            if self.cut and phase.failed_at is None and time.time() - self._probed > PROBE_EVERY_S:
-                self.detect(phase)
-            codes = [p.poll() for i, p in enumerate(phase.procs) if i not in phase.detached]
-            if all(c is not None for c in codes):
-                break
-            if phase.done and phase.failed_at is None and overlap_exit:
-                # the state is committed: the next phase starts while these ranks tear down
-                self.exiting += [(p, time.time()) for p in phase.procs if p.poll() is None]
-                break
-            if phase.failed_at is None and any(c not in (None, 0) for c in codes):
-                self.crashed(phase)  # a rank died on its own: the rest cannot go on
-            if phase.failed_at is not None and time.time() - phase.failed_at > KILL_AFTER_FAILURE_S:
-                for i, p in enumerate(phase.procs):
-                    if p.poll() is None and i not in phase.detached:
-                        p.kill()
+        while not self._look(phase, fails, by_step, stop_at, overlap_exit):
             time.sleep(POLL_S)
         phase.ended = time.time()
         self.take_records(phase)  # what the ranks wrote just before exiting
@@ -82,6 +58,37 @@ class Monitor:
         self.reap()
         if phase.detached:
             self.heal(phase)
+
+    def _look(
+        self, phase: Phase, fails: list[Event], by_step: list[Event], stop_at: float | None, overlap: bool
+    ) -> bool:
+        """One look at the phase's ranks, acting on what it shows: True once the phase is over (with
+        `overlap_exit`: once its state is committed)."""
+        self.take_records(phase)
+        for e in list(fails):
+            if phase.trained and phase.last_step >= e.step and phase.failed_at is None:
+                fails.remove(e)
+                by_step.remove(e)
+                self.fail(phase, e)
+                self.fired(phase)
+        if stop_at is not None and time.time() >= stop_at:
+            (phase.dir / "stop").touch()
+        if self.cut and phase.failed_at is None and time.time() - self._probed > PROBE_EVERY_S:
+            self.detect(phase)
+        codes = [p.poll() for i, p in enumerate(phase.procs) if i not in phase.detached]
+        if all(c is not None for c in codes):
+            return True
+        if phase.done and phase.failed_at is None and overlap:
+            # the state is committed: the next phase starts while these ranks tear down
+            self.exiting += [(p, time.time()) for p in phase.procs if p.poll() is None]
+            return True
+        if phase.failed_at is None and any(c not in (None, 0) for c in codes):
+            self.crashed(phase)  # a rank died on its own: the rest cannot go on
+        if phase.failed_at is not None and time.time() - phase.failed_at > KILL_AFTER_FAILURE_S:
+            for i, p in enumerate(phase.procs):
+                if p.poll() is None and i not in phase.detached:
+                    p.kill()
+        return False
 
     def take_records(self, phase: Phase) -> None:
         """New records of the ranks: into the phase, the timeline and the live view."""

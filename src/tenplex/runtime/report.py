@@ -21,26 +21,9 @@ __all__ = ["ledger", "losses", "plot", "print_report", "recoveries", "summary", 
 
 def ledger(run_dir: Path) -> dict[str, Any]:
     """Check the samples every step consumed against the seeded order."""
-    phases = [p for p in run_dir.glob("phase*") if p.is_dir()]  # `tenplex run`'s phases, or an agent's rounds
-    phases = phases or [p for p in run_dir.glob("round*") if p.is_dir()]
-    phases.sort(key=lambda p: int(p.name[5:]))  # phaseN, roundN
-    final: dict[int, list[int]] = {}
-    runs: dict[int, int] = defaultdict(int)
-    sampler_state = None
-    for p in phases:
-        per_step: dict[int, dict[int, list[int]]] = defaultdict(dict)
-        for f in p.glob("ledger-dp*.jsonl"):
-            for r in read_records(f)[0]:
-                per_step[r["step"]][r["dp"]] = r["ids"]
-        for r in read_records(p / "worker.jsonl")[0]:
-            if r["kind"] == "ready" and sampler_state is None:
-                sampler_state = r.get("sampler")
-        for step, parts in per_step.items():
-            runs[step] += 1
-            final[step] = [i for dp in sorted(parts) for i in parts[dp]]
-    if sampler_state is None:  # a script that keeps no ledger: nothing to check, nothing wrong
+    final, runs, s = _ledger_records(run_dir)
+    if s is None:  # a script that keeps no ledger: nothing to check, nothing wrong
         return {"ok": None, "reason": "no ledger: the job recorded no sampler state or samples"}
-    s = sampler_state
     sampler = ElasticSampler(s["num_samples"], s["global_batch"], s["seed"])
     bad, seen, epoch_ids = [], set(), set()
     for step in range(1, max(final, default=0) + 1):
@@ -65,6 +48,29 @@ def ledger(run_dir: Path) -> dict[str, Any]:
         "mismatched_steps": sorted(set(bad)),
         "replayed_steps": sorted(s for s, n in runs.items() if n > 1),
     }
+
+
+def _ledger_records(run_dir: Path) -> tuple[dict[int, list[int]], dict[int, int], dict[str, Any] | None]:
+    """Per step the samples its last run consumed (dp ranks in order), how often each step ran, and the
+    sampler state the job started from (None: it kept no ledger)."""
+    phases = [p for p in run_dir.glob("phase*") if p.is_dir()]  # `tenplex run`'s phases, or an agent's rounds
+    phases = phases or [p for p in run_dir.glob("round*") if p.is_dir()]
+    phases.sort(key=lambda p: int(p.name[5:]))  # phaseN, roundN
+    final: dict[int, list[int]] = {}
+    runs: dict[int, int] = defaultdict(int)
+    sampler_state = None
+    for p in phases:
+        per_step: dict[int, dict[int, list[int]]] = defaultdict(dict)
+        for f in p.glob("ledger-dp*.jsonl"):
+            for r in read_records(f)[0]:
+                per_step[r["step"]][r["dp"]] = r["ids"]
+        for r in read_records(p / "worker.jsonl")[0]:
+            if r["kind"] == "ready" and sampler_state is None:
+                sampler_state = r.get("sampler")
+        for step, parts in per_step.items():
+            runs[step] += 1
+            final[step] = [i for dp in sorted(parts) for i in parts[dp]]
+    return final, runs, sampler_state
 
 
 def recoveries(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -65,13 +65,8 @@ class Event:
         return f"{at}: {' '.join(what)}"
 
 
-def parse_event(raw: Any, index: int) -> Event:
-    where = f"schedule event {index}"
-    if not isinstance(raw, dict):
-        raise ScheduleError(f"{where} must be a mapping, got {raw!r}")
-    unknown = set(raw) - KEYS
-    if unknown:
-        raise ScheduleError(f"{where} has unknown keys {sorted(unknown)} (known: {', '.join(sorted(KEYS))})")
+def _when(raw: dict, where: str) -> tuple[int | None, float | int | None]:
+    """The event's step or time: exactly one of them, a non-negative integer step or seconds."""
     if ("step" in raw) == ("time" in raw):
         raise ScheduleError(f"{where} needs exactly one of 'step' or 'time'")
     step, time_ = raw.get("step"), raw.get("time")
@@ -79,6 +74,17 @@ def parse_event(raw: Any, index: int) -> Event:
         raise ScheduleError(f"{where}: step must be a non-negative integer, got {step!r}")
     if time_ is not None and (not isinstance(time_, (int, float)) or time_ < 0):
         raise ScheduleError(f"{where}: time must be non-negative seconds, got {time_!r}")
+    return step, time_
+
+
+def parse_event(raw: Any, index: int) -> Event:
+    where = f"schedule event {index}"
+    if not isinstance(raw, dict):
+        raise ScheduleError(f"{where} must be a mapping, got {raw!r}")
+    unknown = set(raw) - KEYS
+    if unknown:
+        raise ScheduleError(f"{where} has unknown keys {sorted(unknown)} (known: {', '.join(sorted(KEYS))})")
+    step, time_ = _when(raw, where)
     devices = raw.get("devices")
     if devices is not None and (type(devices) is not int or devices < 1):
         raise ScheduleError(f"{where}: devices must be a positive integer, got {devices!r}")

@@ -44,15 +44,15 @@ def run_local(
     env: Mapping[str, str] | None = None,
     per_rank_env: Sequence[Mapping[str, str]] | None = None,
     timeout: float = 600,
-    master: str = "127.0.0.1",
-    port: int | None = None,
+    master: tuple[str, int] | None = None,
     popen: Popen | None = None,
     capture: bool = False,
 ) -> list[str]:
     """Run `argv` as ranks 0..world-1 (environment: `env`, then `per_rank_env[r]`, then the rank's own)
-    until all exit; their output if `capture`. Raises `RanksFailed`; no rank outlives the call. `popen`
-    starts a rank elsewhere (a namespace host, say)."""
-    port = free_port() if port is None else port
+    until all exit; their output if `capture`. Raises `RanksFailed`; no rank outlives the call. `master`:
+    where rank 0 listens (default: loopback, a free port); `popen` starts a rank elsewhere (a namespace
+    host, say)."""
+    master, port = master or ("127.0.0.1", free_port())
     out = subprocess.PIPE if capture else None
 
     def start(r: int, argv: list[str], e: dict[str, str]) -> subprocess.Popen:

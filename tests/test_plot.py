@@ -141,3 +141,15 @@ def test_the_table_names_changes_as_the_plot_does(capsys):
     out = capsys.readouterr().out
     assert all(k in out for k in KIND_LABELS) and "planned" not in out
     assert "43 (resumed 40)" in out
+
+
+def test_the_live_view_names_each_change_in_the_tables_words(capsys):
+    from tenplex.runtime.live import LiveView
+
+    view = LiveView(60)
+    base = {"from": "dp2-tp1-pp1", "to": "dp1-tp2-pp2", "downtime": 0.5, "parts": {"load": 0.2}}
+    view.reconfig({**base, "failure": False, "redeploy": False, "devices": [2, 4]})
+    view.reconfig({**base, "failure": False, "redeploy": True, "devices": [4, 4]})
+    view.reconfig({**base, "failure": True, "redeploy": False, "devices": [4, 3]})
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(" dp")[0].strip() for line in out] == ["scale out 2 → 4", "redeploy", "failure"], out

@@ -97,4 +97,5 @@ def reconfiguration(prev: Phase | None, phase: Phase) -> dict[str, Any] | None:
         "plan": loaded["plan"] if loaded else {},
         "source": loaded["source"] if loaded else "none",
         "redeploy": not ({host_of(d) for d in prev.devices} & {host_of(d) for d in phase.devices}),
+        "devices": [len(prev.devices), len(phase.devices)],
     }

@@ -40,6 +40,11 @@ def kind_of(r: dict[str, Any], devices: tuple[int, int]) -> str:
     return "scale out" if b > a else "scale in" if b < a else "layout change"
 
 
+def change_name(kind: str, devices: tuple[int, int]) -> str:
+    """What the table, the plot and the live view call a change: "scale out 2 → 4", "redeploy"."""
+    return f"{kind} {devices[0]} → {devices[1]}" if kind in ("scale out", "scale in") else kind
+
+
 def changes(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The `reconfig` records, each with its kind (`change_kind`), what the table and the plot call it
     (`change`: "scale out 2 → 4"), the devices and hosts before and after (from the two phases' launches:
@@ -58,12 +63,11 @@ def changes(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             old, new = launches[-2:] if len(launches) >= 2 else ({}, {})  # a timeline cut short: no counts
             devices = (len(old.get("devices", [])), len(new.get("devices", [])))
             kind = kind_of(r, devices)
-            scaled = kind in ("scale out", "scale in")
             death = death if r["failure"] else {}
             out.append({
                 **r,
                 "change_kind": kind,
-                "change": f"{kind} {devices[0]} → {devices[1]}" if scaled else kind,
+                "change": change_name(kind, devices),
                 "devices": list(devices),
                 "hosts": [old.get("hosts", []), new.get("hosts", [])],
                 "died": death.get("step"),

@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from ..util import human_bytes
+from .history import change_name, kind_of
 
 
 class LiveView:
@@ -50,9 +51,8 @@ class LiveView:
             )
 
     def reconfig(self, info: dict[str, Any]) -> None:
-        kind = (
-            "failure recovery" if info["failure"] else ("redeploy" if info["redeploy"] else "reconfiguration")
-        )
+        devices = (info["devices"][0], info["devices"][1])
+        kind = change_name(kind_of(info, devices), devices)  # the words of the table and the plot
         parts = info.get("parts") or {}
         big = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
         where = ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in big if v >= 0.01)

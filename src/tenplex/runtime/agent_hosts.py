@@ -264,7 +264,8 @@ def _records(path: Path) -> list[dict[str, Any]]:
 def _split(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
     for rec in recs:
-        if rec["kind"] in ("fresh", "loaded") or not found:
+        starts = rec["kind"] in ("fresh", "loaded")  # a start after the `settings` record opens no new round
+        if not found or (starts and found[-1]["start"] is not None):
             found.append({"round": len(found) + 1, "start": None, "ready": None, "done": None, "steps": []})
         r = found[-1]
         if rec["kind"] in ("fresh", "loaded"):

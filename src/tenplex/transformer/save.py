@@ -154,9 +154,8 @@ def save(
     group = COMMITS.group_for(process_group) if async_save else process_group
     with bd.phase("describe"):
         shards, values = _describe(state_dict)
-    found, merged, save_id = gather_writers(
-        url, shards, values, process_group, bd
-    )  # built only for a new layout
+    # the writers' layout is built only for a new one
+    found, merged, save_id = gather_writers(url, shards, values, process_group, bd)
     me = world.rank(process_group)
     mine = sorted(found.mine(me))
     with bd.phase("stage"):  # host copies: an asynchronous save writes them to the store in the background
@@ -168,10 +167,10 @@ def save(
     written = sum(shards[n].box.volume * found.ptc.tensors[n].itemsize for n in mine)
     handle = SaveHandle(job, step, written, time.perf_counter() - started, bd, save_id)
     manifest = make_manifest(job, step, found.ptc, layout=found.layout, values=merged, save_id=save_id)
-    commit = _Commit(handle, copy, manifest, found.blobs, keep, group, me)
+    rest = _Commit(handle, copy, manifest, found.blobs, keep, group, me)
     if async_save:
-        return COMMITS.start(handle, commit.finish)
-    commit.finish()
+        return COMMITS.start(handle, rest.finish)
+    rest.finish()
     return handle
 
 

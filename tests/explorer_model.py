@@ -3,7 +3,7 @@
 - `ThreadGroup`/`RankHandle`: ranks of one save emulated by threads of this process (the transformer's
   `world` is patched to dispatch on `RankHandle`; every other group goes to the real functions), so a
   save can span two stores the way a 2-rank `tenplex.save` lays it out.
-- `CommitHook`: `tenplex.transformer.save.client` wrapped so the committer can "die" after k of its
+- `CommitHook`: `tenplex.transformer.commit.client` wrapped so the committer can "die" after k of its
   per-store commits, and so the commits that happened are recorded (the model's ground truth).
 - `Slot`/`Pool`: store daemons on fixed ports, killed, restarted empty on the same port, their port
   squatted by a listener that answers garbage or nothing, flooded with idle connections, read slowly.
@@ -29,7 +29,7 @@ from tenplex.store.process import StoreProcess
 from tenplex.store.transport import default_token
 from tenplex.transformer import world
 
-save_mod = importlib.import_module("tenplex.transformer.save")  # the module: the package exports save()
+commit_mod = importlib.import_module("tenplex.transformer.commit")
 
 # ---------------------------------------------------------------------------------------- emulated ranks
 
@@ -136,7 +136,7 @@ class CommitHook:
         self.active = False
         self.die_after: int | None = None
         self.commits: list[tuple[str, str | None]] = []
-        self._real_client = save_mod.client
+        self._real_client = commit_mod.client
 
     def client(self, url: str) -> Any:
         c = self._real_client(url)
@@ -155,7 +155,7 @@ HOOK = CommitHook()
 def install() -> None:
     """Patch `world` (dispatching on `RankHandle` only) and the save's client (spying only when armed)."""
     world.rank, world.size, world.all_gather, world.decide = _rank, _size, _all_gather, _decide
-    save_mod.client = HOOK.client
+    commit_mod.client = HOOK.client
 
 
 # ---------------------------------------------------------------------------------------- live stores

@@ -119,19 +119,19 @@ def test_a_cached_layout_names_what_each_rank_writes():
     """The layout cache serves every rank of the layout: a process that held rank 0 when the layout was
     first seen and holds rank 1 in a later save (a standby process, identical shards) writes rank 1's
     tensors, not the ones it wrote before."""
-    from tenplex.transformer.gathered import RankShards, _remember, _writers, build_ptc, writers
+    from tenplex.transformer.gathered import LAYOUTS, RankShards, build_ptc, writers
 
     def rank(r: int) -> RankShards:
         own = {"a": ((4,), "float32", ((0,), (4,)))} if r == 0 else {"b": ((4,), "float32", ((0,), (4,)))}
         return RankShards(r, "http://h0", f"d{r}", {"shared": ((2,), "float32", ((0,), (2,))), **own})
 
-    found = _remember("test-key", writers(build_ptc([rank(0), rank(1)])))
+    found = LAYOUTS.put("test-key", writers(build_ptc([rank(0), rank(1)])))
     try:
         assert found.mine(0) == {"a", "shared"}
         assert found.mine(1) == {"b"}  # one copy of "shared" per host: rank 0 writes it
         assert found.mine(0) == {"a", "shared"}
     finally:
-        _writers.pop("test-key")
+        LAYOUTS.pop("test-key")
 
 
 SHARD_BOXES = """

@@ -2,7 +2,7 @@
 
 from .assign import assign, assign_plan
 from .central import central_plan
-from .plan import Fetch, Plan, PlanError, Route, plan
+from .plan import Fetch, Plan, PlanError, Route, SourcePolicy, plan
 from .stats import Bandwidth, PlanStats
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "PlanError",
     "PlanStats",
     "Route",
+    "SourcePolicy",
     "assign",
     "assign_plan",
     "central_plan",

@@ -146,10 +146,6 @@ def _regroup(host_of_rank: list[str], roles: list[Role], on_host: list[Counter[s
     on: dict[str, list[int]] = defaultdict(list)
     for r, h in enumerate(host_of_rank):
         on[h].append(r)
-
-    def away(g: int) -> int:
-        return inner - max(Counter(host_of_rank[g * inner : (g + 1) * inner]).values())
-
     improved = True
     while improved:
         improved = False
@@ -159,23 +155,40 @@ def _regroup(host_of_rank: list[str], roles: list[Role], on_host: list[Counter[s
                 continue
             target = max(counts, key=lambda h: (counts[h], -host_of_rank.index(h)))
             for r in range(g * inner, (g + 1) * inner):
-                here = host_of_rank[r]
-                if here == target:
-                    continue
-                for s in on[target]:
-                    if s // inner == g:
-                        continue
-                    a, b = roles[r], roles[s]
-                    if on_host[a][target] + on_host[b][here] < on_host[a][here] + on_host[b][target]:
-                        continue  # the swap would give up bytes already in place
-                    before = away(g) + away(s // inner)
-                    host_of_rank[r], host_of_rank[s] = target, here
-                    if away(g) + away(s // inner) < before:
-                        on[target][on[target].index(s)] = r
-                        on[here][on[here].index(r)] = s
-                        improved = True
-                        break
-                    host_of_rank[r], host_of_rank[s] = here, target
+                if host_of_rank[r] != target and _swap_to(r, target, host_of_rank, roles, on_host, on, inner):
+                    improved = True
+
+
+def _swap_to(
+    r: int,
+    target: str,
+    host_of_rank: list[str],
+    roles: list[Role],
+    on_host: list[Counter[str]],
+    on: dict[str, list[int]],
+    inner: int,
+) -> bool:
+    """Swap rank `r` with the first rank on `target` of another group whose swap keeps the bytes in place
+    and lowers the ranks away from their group's host; whether one was found."""
+
+    def away(g: int) -> int:
+        return inner - max(Counter(host_of_rank[g * inner : (g + 1) * inner]).values())
+
+    here, g = host_of_rank[r], r // inner
+    for s in on[target]:
+        if s // inner == g:
+            continue
+        a, b = roles[r], roles[s]
+        if on_host[a][target] + on_host[b][here] < on_host[a][here] + on_host[b][target]:
+            continue  # the swap would give up bytes already in place
+        before = away(g) + away(s // inner)
+        host_of_rank[r], host_of_rank[s] = target, here
+        if away(g) + away(s // inner) < before:
+            on[target][on[target].index(s)] = r
+            on[here][on[here].index(r)] = s
+            return True
+        host_of_rank[r], host_of_rank[s] = here, target
+    return False
 
 
 def _match_devices(

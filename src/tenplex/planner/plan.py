@@ -148,13 +148,78 @@ class SourceGrid:
                 yield piece
 
 
+class SourcePolicy:
+    """Which surviving replica sends each part to each new holder: the holder's own device, else the least
+    loaded replica on its host, else one sender per (host, part), whose host's store relays the part to
+    the host's other ranks; remote senders are taken least-loaded host first, one per host, so that the
+    crossing bytes spread over the old hosts. Loads carry over from group to group: deterministic, since
+    groups and pieces come in a fixed order."""
+
+    def __init__(self, old: PTC, new: PTC, stats: StatsBuilder) -> None:
+        self.old_hosts, self.old_devices = old.mesh.hosts, old.mesh.devices
+        self.new_hosts, self.new_devices = new.mesh.hosts, new.mesh.devices
+        self.stats = stats
+        self.device_load: dict[int, int] = defaultdict(int)  # bytes each old rank sends
+        self.host_load: dict[str, int] = defaultdict(int)  # bytes each old host sends across hosts
+        self.remote: dict[tuple[str, Box], int] = {}  # (new host, part) -> its sender, in this group
+
+    def start_group(self) -> None:
+        """A new group of tensors: its parts weigh differently, so no sender carries over."""
+        self.remote = {}
+
+    def serve(
+        self, holders: tuple[int, ...], part: Box, alive: list[int], nbytes: int, out: list[Move]
+    ) -> None:
+        """The moves that bring `part` (`nbytes` over the group) from one of `alive` to each of `holders`."""
+        by_device = {self.old_devices[r]: r for r in alive}
+        by_host: dict[str, list[int]] = defaultdict(list)
+        for r in alive:
+            by_host[self.old_hosts[r]].append(r)
+        needy = {self.new_hosts[d] for d in holders} - by_host.keys()
+        self.stats.lower_bound += nbytes * len(needy)
+        senders: list[int] = []  # remote candidates, one per host, least loaded first (made when needed)
+        for dst in holders:
+            host = self.new_hosts[dst]
+            src = by_device.get(self.new_devices[dst])
+            if src is not None:
+                route = Route.KEPT
+            elif host in by_host:
+                src = min(by_host[host], key=self._device_key)
+                self.device_load[src] += nbytes
+                route = Route.SAME_HOST
+            elif (host, part) in self.remote:
+                src, route = self.remote[(host, part)], Route.RELAYED
+            else:
+                src = self.remote[(host, part)] = self._sender(by_host, senders, nbytes)
+                route = Route.CROSS_HOST
+            out.append(Move(part, dst, src, route))
+            self.stats.add(route.value, nbytes, self.old_hosts[src], host)
+
+    def _device_key(self, r: int) -> tuple[int, int]:
+        return self.device_load[r], r
+
+    def _sender(self, by_host: dict[str, list[int]], senders: list[int], nbytes: int) -> int:
+        if not senders:
+            senders.extend(
+                sorted(
+                    (min(rs, key=self._device_key) for rs in by_host.values()),
+                    key=lambda r: (self.host_load[self.old_hosts[r]], self.device_load[r], r),
+                )
+            )
+        src = senders.pop(0)
+        self.host_load[self.old_hosts[src]] += nbytes
+        self.device_load[src] += nbytes
+        return src
+
+
 def plan(
     old: PTC,
     new: PTC,
     lost: Iterable[str] = (),
     bandwidth: Bandwidth | None = None,
 ) -> Plan:
-    """Every new shard covered exactly once, from the nearest surviving replica, balancing the senders.
+    """Every new shard covered exactly once, from the nearest surviving replica, balancing the senders
+    (`SourcePolicy`).
 
     Deterministic: the same inputs give the same plan on every rank, so each rank can compute it alone.
     """
@@ -162,57 +227,23 @@ def plan(
     check_compatible(old, new)
     dead = lost_ranks(old, lost)
     stats = StatsBuilder(old, new, bandwidth or Bandwidth())
-    device_load: dict[int, int] = defaultdict(int)  # bytes each old rank sends
-    host_load: dict[str, int] = defaultdict(int)  # bytes each old host sends across hosts
-    old_hosts, new_hosts = old.mesh.hosts, new.mesh.hosts
+    policy = SourcePolicy(old, new, stats)
     groups: list[Group] = []
     unrecoverable: list[tuple[str, Box]] = []
-
     for (shape, old_pl, new_pl), names in group_tensors(old, new).items():
         weight = sum(new.tensors[n].itemsize for n in names)  # bytes per element, summed over the group
         grid = SourceGrid(old._pieces(shape, old_pl), len(shape))
         moves: list[Move] = []
-        remote_choice: dict[tuple[str, Box], int] = {}
+        policy.start_group()
         for target in new._pieces(shape, new_pl):
             for source in grid.overlapping(target.box):
                 part = source.box.intersect(target.box)
                 assert part is not None
                 alive = [r for r in source.holders if r not in dead]
-                if not alive:
+                if alive:
+                    policy.serve(target.holders, part, alive, part.volume * weight, moves)
+                else:
                     unrecoverable.extend((n, source.box) for n in names)
-                    continue
-                nbytes = part.volume * weight
-                by_device = {old.mesh.devices[r]: r for r in alive}
-                by_host: dict[str, list[int]] = defaultdict(list)
-                for r in alive:
-                    by_host[old_hosts[r]].append(r)
-                needy = {new_hosts[d] for d in target.holders} - by_host.keys()
-                stats.lower_bound += nbytes * len(needy)
-                senders: list[int] = []  # remote candidates, one per host, least loaded first
-                for dst in target.holders:
-                    src = by_device.get(new.mesh.devices[dst])
-                    host = new_hosts[dst]
-                    if src is not None:
-                        route = Route.KEPT
-                    elif host in by_host:
-                        src = min(by_host[host], key=lambda r: (device_load[r], r))
-                        route = Route.SAME_HOST
-                    elif (host, part) in remote_choice:
-                        src, route = remote_choice[(host, part)], Route.RELAYED
-                    else:
-                        if not senders:
-                            senders = sorted(
-                                (min(rs, key=lambda r: (device_load[r], r)) for rs in by_host.values()),
-                                key=lambda r: (host_load[old_hosts[r]], device_load[r], r),
-                            )
-                        src = senders.pop(0)
-                        remote_choice[(host, part)] = src
-                        host_load[old_hosts[src]] += nbytes
-                        route = Route.CROSS_HOST
-                    if route is Route.SAME_HOST or route is Route.CROSS_HOST:
-                        device_load[src] += nbytes
-                    moves.append(Move(part, dst, src, route))
-                    stats.add(route.value, nbytes, old_hosts[src], host)
         groups.append(Group(tuple(names), tuple(moves)))
     result = stats.finish(len(dead))
     result.plan_seconds = time.perf_counter() - started

@@ -3,12 +3,10 @@
 Used to match kinds of ranks to hosts. Greedy matching fails on replicas (a role that would be as happy
 elsewhere takes the only host another role can use); an exact solution does not. It is a linear program
 whose matrix is a network matrix, so its optimal vertices are integral: scipy's HiGHS (`milp`) solves it.
-A hand-written successive-shortest-path min-cost flow did this before; on the largest problem of
-`bench_planner.py` (gpt3-175b, 4096 -> 8192 devices: 16 kinds of tensor-parallel groups onto 1024 hosts,
-576 valued pairs) it took 1.26 s, HiGHS 0.017-0.020 s, with the same optimal value, interleaved on the same
-loaded 2-core machine (gpt3-2.7b, 4 kinds onto 1024 hosts: 1.08-1.12 s against 0.012-0.025 s).
-Pairs with no value share one zero-cost spare node, so the program
-stays sparse, and the units sent there fill the free capacity in order afterwards.
+A hand-written successive-shortest-path min-cost flow did this before, with the same optimal values and
+far slower on the largest problems of `python benchmarks/bench_planner.py` (their `assign_s` in
+results/bench_planner.json). Pairs with no value share one zero-cost spare node, so the program stays
+sparse, and the units sent there fill the free capacity in order afterwards.
 """
 
 from __future__ import annotations

@@ -57,6 +57,11 @@ class StoresLostError(StateError):
         return (type(self), (self.job, self.lost))
 
 
+class CheckpointExistsError(StateError, RuntimeError):
+    """The step a save names is committed and the writer was told not to overwrite it (DCP raises a
+    RuntimeError there too)."""
+
+
 class DurableError(StateError):
     """A persisted (DCP) snapshot could not be written or read whole; nothing was written to the targets."""
 

@@ -1,4 +1,4 @@
-"""Executing one rank's part of a plan: pull every box into the rank's tensors.
+"""The executor: one rank's part of a plan as typed reads, held or staged, then written into the targets.
 
 Boxes on this host come through shared memory; boxes of other hosts come through this host's store, which
 fetches each remote box once and serves it to every local rank that needs it (the planner's lower bound).
@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -22,7 +25,38 @@ from .breakdown import Breakdown
 from .errors import StateError
 from .gathered import blob_name
 from .shards import VIEW_AS, LocalShard, Staged, as_numpy, copy_into
+from .snapshot import Version
 from .stores import client
+
+
+class Via(StrEnum):
+    """How a read reaches its bytes. The planner's `Route` is what the plan counts (kept, same host,
+    relayed, cross host); this is what travels: kept and same-host boxes alike come from this host's store."""
+
+    SHM = "shm"  # a store on this host, through shared memory
+    NETWORK = "network"  # another host's store, asked directly
+    RELAY = "relay"  # another host's store through this host's: fetched once, served to each local rank
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """One fetch of the plan as the executor runs it: `src_box` within its source blob, from `store`, which
+    relays it from `peer` when one is named."""
+
+    fetch: Fetch
+    src_box: Box
+    store: StoreClient
+    peer: str | None = None
+
+    @property
+    def via(self) -> Via:
+        if self.peer is not None:
+            return Via.RELAY
+        return Via.SHM if self.store.is_local else Via.NETWORK
+
+    @property
+    def blob(self) -> str:
+        return blob_name(self.fetch.src, self.fetch.tensor)
 
 
 def shared_remote_boxes(p: Plan, host: str) -> set[tuple[str, Any, int]]:
@@ -37,33 +71,18 @@ def shared_remote_boxes(p: Plan, host: str) -> set[tuple[str, Any, int]]:
     return out
 
 
-def execute(
+def routes(
     fetches: list[Fetch],
     shards: dict[str, LocalShard],
-    job: str,
-    step: int,
     old: PTC,
     url: str,
+    *,
     central: bool,
-    concurrency: int,
     shared: set[tuple[str, Any, int]],
-    bd: Breakdown,
-    save_id: str | None = None,
-) -> tuple[dict[str, int], Callable[[], None], Callable[[], None]]:
-    """Pull or verify every box of this rank; returns the bytes moved by route, the function that writes
-    the targets (the caller calls it once every rank's boxes arrived and verified: a failed load leaves
-    every target as it was) and the one that lets go of the boxes held in this host's store (always
-    called, after the write or instead of it).
-
-    A box in this host's store is verified where it lies and held there, and the write copies it straight
-    into a CPU target: no scratch memory, whose first touch is what costs. A box from another host for a
-    CPU target is fetched into this host's store (once, however many local ranks need it) and held there
-    the same way; when that store has no room, and for accelerator targets, it lands in scratch:
-    contiguous in its tensor, in a scratch copy of the tensor, written in one copy; otherwise in a buffer
-    of its own, copied into the target's view. Boxes read from one store are batched (one lookup on this
-    host, one request over the network per batch) and the stores are read in parallel. Every read names
-    the snapshot's `save_id`, so a store holding another save of the step answers NotFound instead of that
-    save's bytes."""
+) -> list[Read]:
+    """Each fetch of this rank as a read: from this host's store (`url`) when the source is on this host,
+    through it when the box is `shared` or lands in a CPU target, else from the source's store; with
+    `central`, every read goes through the first old host's store (the paper's Tenplex-Central)."""
     hub: StoreClient | None = client(old.mesh.hosts[0]) if central else None
     own = client(url)
     sources = {
@@ -72,133 +91,196 @@ def execute(
         for piece in old.pieces(n)
         for r in piece.holders
     }
-    moved: dict[str, int] = {"central": 0} if central else {r.value: 0 for r in Route}
-    routed = []  # (fetch, box in its source blob, store client, peer url for a relay or None)
+    out = []
     for f in fetches:
         src_box = f.box.relative_to(sources[(f.tensor, f.src)])
         src_url = old.mesh.hosts[f.src]
         if hub is not None:
-            routed.append((f, src_box, hub, None if src_url == hub.url else src_url))
+            out.append(Read(f, src_box, hub, None if src_url == hub.url else src_url))
         elif src_url == url:
-            routed.append((f, src_box, own, None))
+            out.append(Read(f, src_box, own))
         elif (f.tensor, f.box, f.src) in shared or _relays_to_cpu(own, client(src_url), shards[f.tensor]):
-            routed.append((f, src_box, own, src_url))  # into this host's store: fetched once, held there
+            out.append(Read(f, src_box, own, src_url))  # into this host's store: fetched once, held there
         else:
-            routed.append((f, src_box, client(src_url), None))
+            out.append(Read(f, src_box, client(src_url)))
+    return out
+
+
+def moved_bytes(fetches: list[Fetch], old: PTC, central: bool) -> dict[str, int]:
+    """The bytes this rank's fetches move, by the plan's route (all under "central" with `central`)."""
+    moved: dict[str, int] = {"central": 0} if central else {r.value: 0 for r in Route}
+    for f in fetches:
         moved["central" if central else f.route.value] += f.box.volume * old.tensors[f.tensor].itemsize
+    return moved
 
-    def in_place(f: Fetch, c: StoreClient) -> bool:
-        return c.is_local and shards[f.tensor].local.device.type == "cpu"
 
-    held_here = [(f, b, c) for f, b, c, peer in routed if peer is None and in_place(f, c)]
-    held_relayed = [(f, b, c, peer) for f, b, c, peer in routed if peer is not None and in_place(f, c)]
-    pulled = [(f, b, c, peer) for f, b, c, peer in routed if not in_place(f, c)]
-    rels = [f.box.relative_to(shards[f.tensor].box) for f, *_ in pulled]
-    runs = [_contiguous(rel, shards[f.tensor].box.shape) for (f, *_), rel in zip(pulled, rels)]
-    inplace = sorted({f.tensor for (f, *_), run in zip(pulled, runs) if run})
-    dtypes = {n: np.dtype(NUMPY_DTYPE[shards[n].dtype]) for n in {f.tensor for f, *_ in pulled}}
-    arena = Arena(Arena.size_of(
-        [shards[n].local.nbytes for n in inplace]
-        + [rel.volume * dtypes[f.tensor].itemsize for (f, *_), rel, run in zip(pulled, rels, runs) if not run]
-    ))  # fmt: skip
-    staged = {n: Staged(shards[n].local, fill=False, scratch=arena) for n in inplace}
-    network: list[tuple[StoreClient, str, int, str, Any, np.ndarray]] = []
-    copies: list[tuple[StoreClient, str, int, str, Any, np.ndarray]] = []  # this host's, to a GPU target
-    relayed: list[tuple[StoreClient, str, str, Any, np.ndarray]] = []
-    apart: list[tuple[torch.Tensor, np.ndarray]] = []  # (the target's view, the box's own buffer)
-    for (f, src_box, c, peer), rel, run in zip(pulled, rels, runs):
-        if run:
-            out = staged[f.tensor].array[(*rel.slices(), ...)]
+@dataclass
+class _Requests:
+    """Reads into scratch, as the store's batched calls take them."""
+
+    copies: list[tuple[StoreClient, str, int, str, Box, np.ndarray]] = field(default_factory=list)  # on-host
+    network: list[tuple[StoreClient, str, int, str, Box, np.ndarray]] = field(default_factory=list)
+    relayed: list[tuple[StoreClient, str, str, Box, np.ndarray]] = field(default_factory=list)
+
+    def add(self, r: Read, out: np.ndarray, at: Version) -> None:
+        if r.peer is not None:
+            self.relayed.append((r.store, r.peer, r.blob, r.src_box, out))
         else:
-            out = arena.take(rel.volume * dtypes[f.tensor].itemsize).view(dtypes[f.tensor]).reshape(rel.shape)
-            apart.append((shards[f.tensor].local[rel.slices()], out))
-        blob = blob_name(f.src, f.tensor)
-        if peer is not None:
-            relayed.append((c, peer, blob, src_box, out))
-        else:
-            (copies if c.is_local else network).append((c, job, step, blob, src_box, out))
-    by_store: dict[int, tuple[StoreClient, list[tuple[Fetch, Box]]]] = {}
-    for f, src_box, c in held_here:
-        by_store.setdefault(id(c), (c, []))[1].append((f, src_box))
-    holds: list[tuple[Held, list[tuple[Fetch, Box]]]] = []  # each hold with the fetches it serves
+            (self.copies if r.store.is_local else self.network).append(
+                (r.store, at.job, at.step, r.blob, r.src_box, out)
+            )
 
-    def hold() -> None:
-        read_many(copies, concurrency, save_id)
-        for c, boxes in by_store.values():
-            asked = [(blob_name(f.src, f.tensor), b, shards[f.tensor].dtype) for f, b in boxes]
-            holds.append((c.hold_boxes(job, step, asked, save_id), boxes))
 
-    def hold_relays() -> None:
-        relay_many(relayed, job, step, concurrency, save_id)
-        asked = [(c, peer, blob_name(f.src, f.tensor), b, shards[f.tensor].dtype)
-                 for f, b, c, peer in held_relayed]  # fmt: skip
+class HeldBoxes:
+    """One rank's boxes, verified and kept until the targets are written; a context manager that lets go of
+    the boxes held in the stores on exit, however it is left.
+
+    A box in this host's store is verified where it lies and held there, and `write` copies it straight
+    into a CPU target: no scratch memory, whose first touch is what costs. A box from another host for a
+    CPU target is fetched into this host's store (once, however many local ranks need it) and held there
+    the same way; when that store has no room, and for accelerator targets, it lands in scratch:
+    contiguous in its tensor, in a scratch copy of the tensor, written in one copy; otherwise in a buffer
+    of its own, copied into the target's view. Boxes read from one store are batched (one lookup on this
+    host, one request over the network per batch) and the stores are read in parallel."""
+
+    def __init__(self, shards: dict[str, LocalShard], at: Version, concurrency: int, bd: Breakdown) -> None:
+        self.shards, self.at, self.concurrency, self.bd = shards, at, concurrency, bd
+        self._holds: list[tuple[Held, list[Read]]] = []  # each hold with the reads it serves
+        self._staged: dict[str, Staged] = {}  # scratch copies of whole tensors
+        self._apart: list[tuple[torch.Tensor, np.ndarray]] = []  # (the target's view, the box's own buffer)
+
+    def __enter__(self) -> HeldBoxes:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def read(self, reads: list[Read]) -> None:
+        """Pull or verify every box; a store's failure is a StateError (the stores' fault), and a failed
+        read lets go of what it held at once."""
+        held = [r for r in reads if self._in_place(r)]
+        here, far = [r for r in held if r.peer is None], [r for r in held if r.peer is not None]
+        into = self._scratch([r for r in reads if not self._in_place(r)])
+        kinds = [("shm_reads", here or into.copies, partial(self._hold_here, here, into.copies)),
+                 ("relayed_reads", into.relayed or far, partial(self._hold_relayed, far, into.relayed)),
+                 ("network_reads", into.network, partial(self._read, into.network))]  # fmt: skip
         try:
-            made = hold_relayed_many(asked, job, step, concurrency, save_id)
-        except MemoryLimitError:  # no room in this host's store: the boxes land in scratch instead
-            read_many(_into_scratch(held_relayed, shards, apart, job, step), concurrency, save_id)
-            return
-        for h, which in made:
-            holds.append((h, [held_relayed[i][:2] for i in which]))
+            with self.bd.phase("reads"), ThreadPoolExecutor(max_workers=3) as pool:
+                futures = [pool.submit(_timed, self.bd, kind, fn) for kind, work, fn in kinds if work]
+                for fut in futures:
+                    fut.result()
+        except StoreError as e:
+            self.release()
+            raise StateError(f"loading the snapshot of {self.at.job!r} at step {self.at.step}: {e}") from e
+        except BaseException:
+            self.release()
+            raise
 
-    kinds = [("shm_reads", held_here + copies, hold),
-             ("relayed_reads", relayed + held_relayed, hold_relays),
-             ("network_reads", network, lambda: read_many(network, concurrency, save_id))]  # fmt: skip
+    def write(self) -> None:
+        """Every box into its target: first the whole tensors, then the boxes over them. Called once every
+        rank's boxes arrived and verified, so a failed load leaves every target as it was."""
+        for st in self._staged.values():
+            st.finish()
+        for view, buf in self._apart:
+            src = torch.from_numpy(buf)
+            copy_into(view, src.view(view.dtype) if view.dtype in VIEW_AS else src)
+        for h, reads in self._holds:  # dtypes checked by hold_boxes
+            for r, arr in zip(reads, h.arrays):
+                shard = self.shards[r.fetch.tensor]
+                dst = as_numpy(shard.local[r.fetch.box.relative_to(shard.box).slices()])
+                np.copyto(dst, arr.view(dst.dtype), casting="no")  # bfloat16: uint16 on both sides
 
-    def release() -> None:
+    def release(self) -> None:
+        """Let go of the boxes held in the stores (after the write or instead of it; once)."""
+        holds, self._holds = self._holds, []
         for h, _ in holds:
             h.close()
 
-    try:
-        with bd.phase("reads"), ThreadPoolExecutor(max_workers=3) as pool:
-            futures = [pool.submit(_timed, bd, kind, fn) for kind, work, fn in kinds if work]
-            for fut in futures:
-                fut.result()
-    except StoreError as e:
-        release()
-        raise StateError(f"loading the snapshot of {job!r} at step {step}: {e}") from e
-    except BaseException:
-        release()
-        raise
+    def _in_place(self, r: Read) -> bool:
+        return r.store.is_local and self.shards[r.fetch.tensor].local.device.type == "cpu"
 
-    def write() -> None:
-        for st in staged.values():  # first whole tensors, then the boxes over them
-            st.finish()
-        for view, buf in apart:
-            src = torch.from_numpy(buf)
-            copy_into(view, src.view(view.dtype) if view.dtype in VIEW_AS else src)
-        for h, boxes in holds:  # dtypes checked by hold_boxes
-            for (f, _), arr in zip(boxes, h.arrays):
-                dst = as_numpy(shards[f.tensor].local[f.box.relative_to(shards[f.tensor].box).slices()])
-                np.copyto(dst, arr.view(dst.dtype), casting="no")  # bfloat16: uint16 on both sides
+    def _scratch(self, pulled: list[Read]) -> _Requests:
+        """Scratch for the boxes that do not stay in a store, from one arena, and the reads into it."""
+        shards = self.shards
+        rels = [r.fetch.box.relative_to(shards[r.fetch.tensor].box) for r in pulled]
+        runs = [_contiguous(rel, shards[r.fetch.tensor].box.shape) for r, rel in zip(pulled, rels)]
+        whole = sorted({r.fetch.tensor for r, run in zip(pulled, runs) if run})
+        dtypes = {n: np.dtype(NUMPY_DTYPE[shards[n].dtype]) for n in {r.fetch.tensor for r in pulled}}
+        apart = [
+            rel.volume * dtypes[r.fetch.tensor].itemsize for r, rel, run in zip(pulled, rels, runs) if not run
+        ]
+        arena = Arena(Arena.size_of([shards[n].local.nbytes for n in whole] + apart))
+        self._staged = {n: Staged(shards[n].local, fill=False, scratch=arena) for n in whole}
+        into = _Requests()
+        for r, rel, run in zip(pulled, rels, runs):
+            if run:
+                out = self._staged[r.fetch.tensor].array[(*rel.slices(), ...)]
+            else:
+                dtype = dtypes[r.fetch.tensor]
+                out = arena.take(rel.volume * dtype.itemsize).view(dtype).reshape(rel.shape)
+                self._apart.append((shards[r.fetch.tensor].local[rel.slices()], out))
+            into.add(r, out, self.at)
+        return into
 
-    return moved, write, release
+    def _read(self, requests: list[tuple[StoreClient, str, int, str, Box, np.ndarray]]) -> None:
+        read_many(requests, self.concurrency, self.at.save_id)
+
+    def _hold_here(
+        self, here: list[Read], copies: list[tuple[StoreClient, str, int, str, Box, np.ndarray]]
+    ) -> None:
+        self._read(copies)
+        by_store: dict[int, tuple[StoreClient, list[Read]]] = {}
+        for r in here:
+            by_store.setdefault(id(r.store), (r.store, []))[1].append(r)
+        at = self.at
+        for c, reads in by_store.values():
+            asked = [(r.blob, r.src_box, self.shards[r.fetch.tensor].dtype) for r in reads]
+            self._holds.append((c.hold_boxes(at.job, at.step, asked, at.save_id), reads))
+
+    def _hold_relayed(
+        self, far: list[Read], relayed: list[tuple[StoreClient, str, str, Box, np.ndarray]]
+    ) -> None:
+        """The relay: this host's store fetches each box once from its peer; the boxes for CPU targets are
+        held there, or land in scratch when the store has no room for them."""
+        at = self.at
+        relay_many(relayed, at.job, at.step, self.concurrency, at.save_id)
+        asked = [(r.store, r.peer, r.blob, r.src_box, self.shards[r.fetch.tensor].dtype) for r in far]
+        try:
+            made = hold_relayed_many(asked, at.job, at.step, self.concurrency, at.save_id)
+        except MemoryLimitError:  # no room in this host's store: the boxes land in scratch instead
+            self._read(_into_scratch(far, self.shards, self._apart, at))
+            return
+        for h, which in made:
+            self._holds.append((h, [far[i] for i in which]))
 
 
 def _relays_to_cpu(own: StoreClient, src: StoreClient, shard: LocalShard) -> bool:
     """Whether a box of another host's store goes through this host's store even if one rank alone needs
     it: for a CPU target, when this host's store is reachable through shared memory. There the box lands in
     memory the store has taken already (pooled, reserved) and is held until the write; in scratch memory
-    it would pay a first touch of fresh pages, which on this VM ran at 0.1-1.5 GB/s (the full-size dp
-    change over two hosts spent 6.2 s in its network reads of 0.6 GB per rank)."""
+    it would pay a first touch of fresh pages, which is what the network reads of a dp change over two
+    hosts spent their time on (the `network_reads` phase of `python benchmarks/bench_reconfig.py`,
+    results/bench_reconfig.json)."""
     return own.is_local and not src.is_local and shard.local.device.type == "cpu"
 
 
 def _into_scratch(
-    relayed: list[tuple[Fetch, Box, StoreClient, str]],
+    relayed: list[Read],
     shards: dict[str, LocalShard],
     apart: list[tuple[torch.Tensor, np.ndarray]],
-    job: str,
-    step: int,
+    at: Version,
 ) -> list[tuple[StoreClient, str, int, str, Box, np.ndarray]]:
     """Direct reads from the peers of boxes meant to be relayed, each into a scratch buffer of its own
     (added to `apart`, which the write copies into the targets)."""
-    dtype = {n: np.dtype(NUMPY_DTYPE[shards[n].dtype]) for n in {f.tensor for f, *_ in relayed}}
-    arena = Arena(Arena.size_of([f.box.volume * dtype[f.tensor].itemsize for f, *_ in relayed]))
+    dtype = {n: np.dtype(NUMPY_DTYPE[shards[n].dtype]) for n in {r.fetch.tensor for r in relayed}}
+    arena = Arena(Arena.size_of([r.fetch.box.volume * dtype[r.fetch.tensor].itemsize for r in relayed]))
     reads = []
-    for f, src_box, _, peer in relayed:
-        out = arena.take(f.box.volume * dtype[f.tensor].itemsize).view(dtype[f.tensor]).reshape(f.box.shape)
+    for r in relayed:
+        f, dt = r.fetch, dtype[r.fetch.tensor]
+        out = arena.take(f.box.volume * dt.itemsize).view(dt).reshape(f.box.shape)
         apart.append((shards[f.tensor].local[f.box.relative_to(shards[f.tensor].box).slices()], out))
-        reads.append((client(peer), job, step, blob_name(f.src, f.tensor), src_box, out))
+        assert r.peer is not None
+        reads.append((client(r.peer), at.job, at.step, r.blob, r.src_box, out))
     return reads
 
 

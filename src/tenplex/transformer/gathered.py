@@ -67,8 +67,42 @@ class Writers:
         return self._mine[me]
 
 
-_writers: OrderedDict[str, Writers] = OrderedDict()  # layout key -> writers; the newest last
-KEEP_LAYOUTS = 8
+class LayoutCache:
+    """The writers of the layouts this process saved lately, by a digest of every rank's shard
+    descriptions; process-wide, since periodic saves of one layout come through many calls of `save`."""
+
+    def __init__(self, keep: int = 8) -> None:
+        self.keep = keep
+        self._by_key: OrderedDict[str, Writers] = OrderedDict()  # the newest last
+
+    def keys(self) -> list[str]:
+        return list(self._by_key)
+
+    def get(self, key: str) -> Writers:
+        self._by_key.move_to_end(key)
+        return self._by_key[key]
+
+    def put(self, key: str, ptc: PTC) -> Writers:
+        """The writers of `ptc` (the writers' layout), kept under `key`; the oldest beyond `keep` go."""
+        layout = ptc.to_json()
+        layout.pop("values", None)
+        hosts = ptc.mesh.hosts
+        blobs: dict[str, list[str]] = {h: [] for h in hosts}
+        for r, host in enumerate(hosts):
+            blobs[host].extend(blob_name(r, s.tensor) for s in ptc.shards(r))
+        found = self._by_key[key] = Writers(ptc, layout, blobs)
+        while len(self._by_key) > self.keep:
+            self._by_key.popitem(last=False)
+        return found
+
+    def pop(self, key: str) -> None:
+        self._by_key.pop(key, None)
+
+    def clear(self) -> None:
+        self._by_key.clear()
+
+
+LAYOUTS = LayoutCache()
 
 
 def gather_writers(
@@ -81,7 +115,7 @@ def gather_writers(
     mine = describe(store, shards, {}, group)
     digest = _digest((mine.store, mine.device, mine.tensors))
     with bd.phase("gather"):
-        answers = world.all_gather((digest, values, list(_writers), uuid.uuid4().hex), group)
+        answers = world.all_gather((digest, values, LAYOUTS.keys(), uuid.uuid4().hex), group)
     key = _digest([a[0] for a in answers])
     save_id = answers[0][3]
     merged: dict[str, Any] = {}
@@ -89,29 +123,11 @@ def gather_writers(
         for k, v in vals.items():
             merged.setdefault(k, v)
     if all(key in known for _, _, known, _ in answers):
-        _writers.move_to_end(key)
-        return _writers[key], merged, save_id
+        return LAYOUTS.get(key), merged, save_id
     with bd.phase("gather"):
         layouts = world.all_gather(mine, group)
     with bd.phase("plan"):
-        return _remember(key, writers(build_ptc(layouts))), merged, save_id
-
-
-def _remember(key: str, ptc: PTC) -> Writers:
-    layout = ptc.to_json()
-    layout.pop("values", None)
-    hosts = ptc.mesh.hosts
-    blobs: dict[str, list[str]] = {h: [] for h in hosts}
-    for r, host in enumerate(hosts):
-        blobs[host].extend(blob_name(r, s.tensor) for s in ptc.shards(r))
-    found = _writers[key] = Writers(ptc, layout, blobs)
-    while len(_writers) > KEEP_LAYOUTS:
-        _writers.popitem(last=False)
-    return found
-
-
-def forget_layouts() -> None:
-    _writers.clear()
+        return LAYOUTS.put(key, writers(build_ptc(layouts))), merged, save_id
 
 
 def _digest(obj: Any) -> str:

@@ -1,32 +1,36 @@
 """`tenplex.load`: each rank computes its part of the plan from the chosen snapshot and pulls its boxes.
 
-Orchestration only: the target's shards are gathered (`gathered`), one rank chooses the snapshot for all
-(`snapshot`), every rank plans, `fetch` moves the bytes, and `durable` takes over when memory cannot serve.
+Orchestration only, over the three roles: the target's shards are gathered (`gathered`), one rank chooses
+the snapshot for all (`snapshot`), every rank plans (`planner`), the executor (`fetch`) moves the bytes, the
+ranks `agree` on the outcome, and `durable` takes over when memory cannot serve.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from ..planner import plan
+from ..planner import Fetch, Plan, plan
 from ..ptc import PTC
 from ..util import collector, env
 from . import world
+from .agree import Failed, agree, attempt
 from .breakdown import Breakdown
 from .durable import load_durable
 from .errors import KeyMismatchError, NoSnapshotError, ShapeMismatchError, StateError, UnrecoverableError
-from .fetch import drop_relays, execute, shared_remote_boxes
-from .gathered import build_ptc, gather, merged_values, subset
-from .shards import local_shard
-from .snapshot import LoadInfo, choose
+from .fetch import HeldBoxes, drop_relays, moved_bytes, routes, shared_remote_boxes
+from .gathered import RankShards, build_ptc, gather, merged_values, subset
+from .shards import LocalShard, local_shard
+from .snapshot import LoadInfo, Snapshot, Version, choose
 from .stores import resolve
 from .tree import expand, flatten, restore
 
 
 @collector.paused()
-def load(
+def load(  # noqa: PLR0913, RUF100 (the public signature, DCP-shaped: every option by keyword)
     state_dict: dict[str, Any],
     job: str,
     step: int | None = None,
@@ -49,129 +53,190 @@ def load(
     Without `step`, a snapshot that cannot be read (bytes that fail their checksums, a blob gone) gives way
     to the newest one before it, then to `path`; `LoadInfo.skipped` lists those passed over, and why.
     """
-    started = time.perf_counter()
-    bd = Breakdown()
-    group = process_group
-    skipped: list[dict[str, Any]] = []  # snapshots that could not be read, newest first
-
-    def fallback(reason: str, error: BaseException) -> LoadInfo:
-        if path is None:
-            raise error
-        with bd.phase("durable"):
-            try:
-                info = load_durable(
-                    state_dict, path, strict=strict, started=started, reason=reason, process_group=group
-                )
-            except NoSnapshotError:  # nothing persisted there yet: the stores' answer stands
-                raise error from None
-        info.phases, info.skipped = bd.as_dict(), skipped
-        return info
-
-    url = resolve(store)
-    with bd.phase("describe"):
-        tree = expand(state_dict)
-        tensors, values = flatten(tree)
-        shards = {n: local_shard(n, t) for n, t in tensors.items()}
-    with bd.phase("gather"):
-        layouts = gather(url, shards, values, group)
-    with bd.phase("plan"):
-        wanted = merged_values(layouts)  # the value names of the whole target job
-        new = build_ptc(layouts)
-    if sources is None:
-        sources = env.url_list(env.SOURCES)
-    urls = sorted({lay.store for lay in layouts} | {resolve(s) for s in sources}, key=lambda u: u != url)
-    below: int | None = None
-    first_error: BaseException | None = None
-    while True:  # the newest snapshot; one that cannot be read (a flipped byte) gives way to the one before
-        try:
-            with bd.phase("choose"):
-                snap = world.decide(partial(choose, job, step, urls, below=below), group)
-        except StateError as e:  # no (older) snapshot in memory, or the stores cannot say which
-            if first_error is None:
-                return fallback(str(e), e)
-            # no snapshot in memory could be read: the first one's error (never NoSnapshotError, so a job
-            # does not start over from nothing)
-            return fallback("; ".join(f"step {x['step']}: {x['error']}" for x in skipped), first_error)
-        with bd.phase("plan"):
-            old = snap.ptc
-            common = _check_keys(old, new, wanted, strict)
-            old_view = snap.view
-            p = plan(subset(old_view, common), subset(new, common), lost=snap.lost)
+    run = _Load(state_dict, job, step, resolve(store), strict, central, path, concurrency, process_group)
+    target = _describe(run)
+    urls = _stores(target, run.url, env.url_list(env.SOURCES) if sources is None else sources)
+    for snap in run.snapshots(urls):  # newest first: one that cannot be read gives way to the one before
+        with run.bd.phase("plan"):
+            p = _plan(snap, target, strict)
         if not p.complete:  # lost stores took pieces no copy holds (a save torn by a host's death reads
             # as complete while that host's store cannot answer): the persisted snapshot if one is named,
             # else the snapshot before this one, unless this step was asked for
             gone = UnrecoverableError([(t, str(b)) for t, b in p.unrecoverable])
             if step is not None or path is not None:
-                return fallback("unrecoverable", gone)
-            skipped.append({"step": snap.step, "error": f"{gone} (stores lost: {', '.join(snap.lost)})"})
-            first_error, below = first_error or gone, snap.step
+                return run.fallback("unrecoverable", gone)
+            run.skip(snap.step, f"{gone} (stores lost: {', '.join(snap.lost)})", gone)
             continue
-        me = world.rank(group)
-        with bd.phase("plan"):
-            shared = shared_remote_boxes(p, new.mesh.hosts[me])
-        moved, write, release, failure = {}, None, None, None
-        try:
-            moved, write, release = execute(
-                p.for_rank(me), shards, job, snap.step, old_view, url, central, concurrency, shared, bd,
-                snap.manifest.get("save_id"),
-            )  # fmt: skip
-        except Exception as e:  # every rank learns of it below, so none waits for the others forever
-            failure = e
-        try:
-            with bd.phase("barrier"):  # every rank's status: the wait for the slowest rank
-                statuses = world.all_gather(_describe(failure), group)
-        except BaseException:  # the group broke: nothing will be written from the held boxes
-            if release is not None:
-                release()
-            raise
-        failed = [(r, f) for r, f in enumerate(statuses) if f is not None]
-        with bd.phase("drop_relays"):
-            drop_relays(job, snap.step, url, [lay.store for lay in layouts], me)
-        if not failed:
-            break
-        if release is not None:  # nothing is written from this snapshot: its held boxes go
-            release()
-        # nothing was written; every rank takes the same way out: an older snapshot, the fallback, or raise
-        r, (_, why) = failed[0]
-        error = failure or StateError(f"rank {r} could not load the snapshot: {why}")
-        if not all(ok for _, (ok, _) in failed):  # not the stores' fault (a bug): no fallback hides it
+        fetches = p.for_rank(world.rank(run.group))
+        failed = _read(snap, p, fetches, target, run)
+        if failed is None:
+            return _loaded(snap, p, moved_bytes(fetches, snap.view, central), target, run)
+        info = _after_failure(failed, snap, run)
+        if info is not None:
+            return info
+    return run.exhausted()
+
+
+@dataclass
+class _Load:
+    """One call of `load`: what it was asked, and the snapshots it passed over on the way."""
+
+    state_dict: dict[str, Any]
+    job: str
+    step: int | None
+    url: str  # this rank's store
+    strict: bool
+    central: bool
+    path: str | None
+    concurrency: int
+    group: world.Group
+    bd: Breakdown = field(default_factory=Breakdown)
+    started: float = field(default_factory=time.perf_counter)
+    skipped: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # snapshots that could not be read, newest first
+    first_error: BaseException | None = None  # the newest one's error
+    no_more: StateError | None = None  # why no (older) snapshot could be chosen
+
+    def snapshots(self, urls: list[str]) -> Iterator[Snapshot]:
+        """The newest snapshot (of `step` if asked), then each one before the last one given, chosen by one
+        rank for all; ends, with `no_more` set, when none is left in memory or the stores cannot say."""
+        below: int | None = None
+        while True:
+            try:
+                with self.bd.phase("choose"):
+                    snap = world.decide(partial(choose, self.job, self.step, urls, below=below), self.group)
+            except StateError as e:
+                self.no_more = e
+                return
+            yield snap
+            below = snap.step
+
+    def skip(self, step: int, why: str, error: BaseException) -> None:
+        self.skipped.append({"step": step, "error": why})
+        self.first_error = self.first_error or error
+
+    def exhausted(self) -> LoadInfo:
+        """No (older) snapshot to choose: the durable tier with why, else the first snapshot's error
+        (never NoSnapshotError when one was there but unreadable: a job does not start over from nothing)."""
+        assert self.no_more is not None
+        if self.first_error is None:
+            return self.fallback(str(self.no_more), self.no_more)
+        return self.fallback(
+            "; ".join(f"step {x['step']}: {x['error']}" for x in self.skipped), self.first_error
+        )
+
+    def fallback(self, reason: str, error: BaseException) -> LoadInfo:
+        """The persisted snapshot at `path`, else `error`; when nothing is persisted there yet, the stores'
+        answer (`error`) stands."""
+        if self.path is None:
             raise error
-        reason = f"reading the snapshot failed on rank {r}: {why}"
-        if step is not None:  # the caller asked for this step: no other one is the answer
-            return fallback(reason, error)
-        skipped.append({"step": snap.step, "error": reason})
-        first_error, below = first_error or error, snap.step
-    with bd.phase("write"):  # every box of every rank arrived and verified: now the targets are written
-        try:
-            if write is not None:
-                write()
-        finally:
-            if release is not None:
-                release()
-    with bd.phase("restore"):
-        restore(state_dict, tree, {k: v for k, v in old.values.items() if k in values})
-    missing, unexpected = _differences(old, new, wanted)
+        with self.bd.phase("durable"):
+            try:
+                info = load_durable(
+                    self.state_dict, self.path, strict=self.strict, started=self.started, reason=reason,
+                    process_group=self.group,
+                )  # fmt: skip
+            except NoSnapshotError:
+                raise error from None
+        info.phases, info.skipped = self.bd.as_dict(), self.skipped
+        return info
+
+
+@dataclass
+class _Target:
+    """The tensors handed to `load`, as every rank described them: the target layout."""
+
+    tree: Any
+    values: dict[str, Any]
+    shards: dict[str, LocalShard]
+    layouts: list[RankShards]  # every rank's shards and values
+    wanted: dict[str, Any]  # the value names of the whole target job
+    new: PTC
+
+
+def _describe(run: _Load) -> _Target:
+    with run.bd.phase("describe"):
+        tree = expand(run.state_dict)
+        tensors, values = flatten(tree)
+        shards = {n: local_shard(n, t) for n, t in tensors.items()}
+    with run.bd.phase("gather"):
+        layouts = gather(run.url, shards, values, run.group)
+    with run.bd.phase("plan"):
+        return _Target(tree, values, shards, layouts, merged_values(layouts), build_ptc(layouts))
+
+
+def _stores(target: _Target, url: str, sources: list[str]) -> list[str]:
+    """Where to look for the snapshot: this rank's store first, then every rank's and the `sources`."""
+    return sorted(
+        {lay.store for lay in target.layouts} | {resolve(s) for s in sources}, key=lambda u: u != url
+    )
+
+
+def _plan(snap: Snapshot, target: _Target, strict: bool) -> Plan:
+    """The plan from the snapshot (its lost stores' ranks served by replicas) to the target, over the
+    tensors both have."""
+    common = _check_keys(snap.ptc, target.new, target.wanted, strict)
+    return plan(subset(snap.view, common), subset(target.new, common), lost=snap.lost)
+
+
+def _read(snap: Snapshot, p: Plan, fetches: list[Fetch], target: _Target, run: _Load) -> Failed | None:
+    """This rank's boxes read and verified, the ranks' outcomes agreed on, then (when every rank's boxes
+    arrived) the targets written; what failed where otherwise, with nothing written."""
+    me = world.rank(run.group)
+    with run.bd.phase("plan"):
+        shared = shared_remote_boxes(p, target.new.mesh.hosts[me])
+    at = Version(run.job, snap.step, snap.manifest.get("save_id"))
+    with HeldBoxes(target.shards, at, run.concurrency, run.bd) as held:  # let go of on every way out
+        reads = partial(
+            routes, fetches, target.shards, snap.view, run.url, central=run.central, shared=shared
+        )
+        error = attempt(lambda: held.read(reads()))
+        with run.bd.phase("barrier"):  # every rank's status: the wait for the slowest rank
+            failed = agree(error, run.group)
+        with run.bd.phase("drop_relays"):
+            drop_relays(run.job, snap.step, run.url, [lay.store for lay in target.layouts], me)
+        if failed is None:
+            with run.bd.phase("write"):  # every box of every rank arrived and verified
+                held.write()
+                held.release()
+    return failed
+
+
+def _after_failure(failed: Failed, snap: Snapshot, run: _Load) -> LoadInfo | None:
+    """Nothing was written; every rank takes the same way out: raise (a bug, not the stores' fault), the
+    durable tier (this step was asked for), or the snapshot before this one (None)."""
+    r, why = failed.first.rank, failed.first.why
+    error = failed.mine or StateError(f"rank {r} could not load the snapshot: {why}")
+    if not failed.stores_only:  # no fallback hides a bug
+        raise error
+    reason = f"reading the snapshot failed on rank {r}: {why}"
+    if run.step is not None:  # the caller asked for this step: no other one is the answer
+        return run.fallback(reason, error)
+    run.skip(snap.step, reason, error)
+    return None
+
+
+def _loaded(snap: Snapshot, p: Plan, moved: dict[str, int], target: _Target, run: _Load) -> LoadInfo:
+    with run.bd.phase("restore"):
+        restore(run.state_dict, target.tree, {k: v for k, v in snap.ptc.values.items() if k in target.values})
+    missing, unexpected = _differences(snap.ptc, target.new, target.wanted)
     s = p.stats
     return LoadInfo(
-        job,
+        run.job,
         snap.step,
-        time.perf_counter() - started,
+        time.perf_counter() - run.started,
         moved,
         missing,
         unexpected,
         sorted(snap.why),  # every lost store, those a replica served (`replaced`) included
-        phases=bd.as_dict(),
+        phases=run.bd.as_dict(),
         lost_why=dict(snap.why),
         replaced=dict(snap.remap),
-        skipped=skipped,
+        skipped=run.skipped,
         plan_bytes={"kept": s.kept, "same_host": s.same_host, "relayed": s.relayed,
                     "cross_host": s.cross_host, "cross_host_lower_bound": s.cross_host_lower_bound},
     )  # fmt: skip
-
-
-def _describe(error: BaseException | None) -> tuple[bool, str] | None:
-    """What the other ranks learn of a rank's failed reads: whether a fallback may serve, and why."""
-    return None if error is None else (isinstance(error, StateError), f"{type(error).__name__}: {error}")
 
 
 def _differences(old: PTC, new: PTC, values: dict[str, Any]) -> tuple[list[str], list[str]]:

@@ -8,23 +8,24 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from ..ptc import values as value_codec
 from ..store import MemoryLimitError, StoreClient, StoreError
-from ..util import collector, logs
-from . import jobrecord, world
+from ..util import collector
+from . import world
+from .agree import Failed, agree, attempt
 from .breakdown import Breakdown
+from .commit import commit
 from .errors import SaveTimeoutError, StateError
-from .gathered import blob_name, forget_layouts, gather_writers
-from .shards import local_shard
-from .snapshot import make_manifest, stamp
-from .staging import stage
+from .gathered import LAYOUTS, blob_name, gather_writers
+from .shards import LocalShard, local_shard
+from .snapshot import Version, make_manifest
+from .staging import StagedSnapshot, stage
 from .stores import client, resolve
 from .tree import expand, flatten
-
-log = logs.get("transformer")
 
 
 @dataclass(eq=False)
@@ -68,26 +69,63 @@ class SaveHandle:
         return self._thread is None or not self._thread.is_alive()
 
 
-_background: dict[Any, Any] = {}  # process group -> its gloo twin for background commits
-_pending: set[SaveHandle] = set()  # asynchronous saves whose commit has not finished
+class BackgroundCommits:
+    """The commits of asynchronous saves still under way, and per process group the gloo twin they run on.
+    Process-wide on purpose: a save returns before its commit ends, and a process's later saves reuse the
+    twin; `forget` when the process's world is gone."""
+
+    def __init__(self) -> None:
+        self._twins: dict[Any, Any] = {}  # process group -> its gloo twin
+        self._pending: set[SaveHandle] = set()
+
+    def group_for(self, group: world.Group) -> world.Group:
+        """The twin of `group` (made here, collectively, in the foreground), None without a world."""
+        if world.active() and group not in self._twins:
+            self._twins[group] = world.background_group(group)
+        return self._twins.get(group)
+
+    def start(self, handle: SaveHandle, finish: Callable[[], None]) -> SaveHandle:
+        def run() -> None:
+            try:
+                finish()
+            except BaseException as e:  # reported by wait()
+                handle._error.append(e)
+            finally:
+                self._pending.discard(handle)
+
+        handle._thread = threading.Thread(
+            target=run, name=f"tenplex-save-{handle.job}-{handle.step}", daemon=True
+        )
+        self._pending.add(handle)
+        handle._thread.start()
+        return handle
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        for handle in list(self._pending):
+            if handle._thread is not None:
+                handle._thread.join(max(0.0, deadline - time.monotonic()))
+        return all(h.done for h in self._pending)
+
+    def forget(self) -> None:
+        self._twins.clear()
+        self._pending.clear()  # a commit under way belongs to that world: a new round never waits for it
+
+
+COMMITS = BackgroundCommits()
 
 
 def forget_groups() -> None:
     """Drop what this process keeps per process group: a process that runs a rank of another layout next
     has a new default group, and the old groups' gloo twins belong to a world that is gone."""
-    _background.clear()
-    _pending.clear()  # a commit still under way belongs to that world: a new round never waits for it
-    forget_layouts()
+    COMMITS.forget()
+    LAYOUTS.clear()
 
 
 def wait_for_pending(timeout: float) -> bool:
     """Let the commits of asynchronous saves finish (up to `timeout` s in all), e.g. before exiting on
     SIGTERM, so that no version ends up committed on some stores and not on others. True if none is left."""
-    deadline = time.monotonic() + timeout
-    for handle in list(_pending):
-        if handle._thread is not None:
-            handle._thread.join(max(0.0, deadline - time.monotonic()))
-    return all(h.done for h in _pending)
+    return COMMITS.wait(timeout)
 
 
 @collector.paused()
@@ -113,119 +151,115 @@ def save(
     started = time.perf_counter()
     bd = Breakdown()
     url = resolve(store)
-    group = process_group
-    if async_save and world.active() and group not in _background:
-        _background[group] = world.background_group(group)  # collective: created in the foreground
-    sync_group = _background.get(group) if async_save else group
+    group = COMMITS.group_for(process_group) if async_save else process_group
     with bd.phase("describe"):
-        tensors, values = flatten(expand(state_dict))
-        for name, v in values.items():
-            try:
-                value_codec.encode(v, name)
-            except Exception as e:
-                raise StateError(str(e)) from None
-        shards = {n: local_shard(n, t) for n, t in tensors.items()}
-    own = client(url)
-    found, merged, save_id = gather_writers(url, shards, values, group, bd)  # built only for a new layout
-    ptc, me = found.ptc, world.rank(group)
-    mine = found.mine(me)
-    written = sum(shards[n].box.volume * ptc.tensors[n].itemsize for n in mine)
+        shards, values = _describe(state_dict)
+    # the writers' layout is built only for a new one
+    found, merged, save_id = gather_writers(url, shards, values, process_group, bd)
+    me = world.rank(process_group)
+    mine = sorted(found.mine(me))
     with bd.phase("stage"):  # host copies: an asynchronous save writes them to the store in the background
-        host = stage({n: shards[n].local for n in sorted(mine)}, copy_cpu=async_save)
-
-    failed: list[Exception] = []  # this rank's part that failed: every rank learns of it (`_agree`)
-    replication: dict[str, str] = {}  # each store's push of this save (rank 0)
-
-    def copy() -> None:
-        """Into the store: shared memory copied and checksummed chunk by chunk (one pass), or the network."""
-        try:
-            with bd.phase("create"):
-                own.create_version(job, step, save_id)
-            with bd.phase("copy"):
-                items = [(blob_name(me, n), host.array(n), shards[n].dtype) for n in sorted(mine)]
-                own.write_blobs(job, step, items, save_id)
-        except Exception as e:  # a full store, say: raised on every rank after the barrier, not here
-            failed.append(e)
-        finally:
-            host.release()
-
+        host = stage({n: shards[n].local for n in mine}, copy_cpu=async_save)
+    at = Version(job, step, save_id)
+    copy = _Copy(client(url), at, [(blob_name(me, n), n, shards[n].dtype) for n in mine], host, bd)
     if not async_save:
-        copy()
-    local_seconds = time.perf_counter() - started
-    manifest = make_manifest(job, step, ptc, layout=found.layout, values=merged, save_id=save_id)
-
-    def commit() -> None:
-        with bd.phase("commit"):
-            stamp(manifest)  # each store's replica targets and incarnation
-            for url_ in manifest["stores"]:
-                info = client(url_).commit(job, step, manifest, wait_replicas=True, blobs=found.blobs[url_])
-                replication[url_] = str(info.get("replication", "none"))
-            jobrecord.write(manifest)  # on this host: the stores the job's newest snapshot is on
-        _warn_unreplicated(job, step, replication)
-        # only once committed everywhere: the save named is complete (each store marks it so, and never
-        # deletes the newest complete one); without `keep` nothing committed is deleted
-        with bd.phase("retain"):
-            for url_ in manifest["stores"]:
-                client(url_).retain(job, keep, protect=(step, save_id))
-
-    def finish() -> None:
-        if async_save:
-            copy()
-        with bd.phase("barrier"):
-            _agree(failed, sync_group, own, job, step, save_id)
-        if me == 0:
-            try:
-                commit()
-            except Exception as e:  # raised on every rank at the barrier: none waits for rank 0 there
-                failed.append(e)
-        with bd.phase("barrier"):
-            _agree(failed, sync_group, None, job, step, save_id)
-
-    handle = SaveHandle(job, step, written, local_seconds, bd, save_id, replication)
-    if not async_save:
-        finish()
-        return handle
-
-    def run() -> None:
-        try:
-            finish()
-        except BaseException as e:  # reported by wait()
-            handle._error.append(e)
-        finally:
-            _pending.discard(handle)
-
-    handle._thread = threading.Thread(target=run, name=f"tenplex-save-{job}-{step}", daemon=True)
-    _pending.add(handle)
-    handle._thread.start()
+        copy.run()
+    written = sum(shards[n].box.volume * found.ptc.tensors[n].itemsize for n in mine)
+    handle = SaveHandle(job, step, written, time.perf_counter() - started, bd, save_id)
+    manifest = make_manifest(job, step, found.ptc, layout=found.layout, values=merged, save_id=save_id)
+    rest = _Commit(handle, copy, manifest, found.blobs, keep, group, me)
+    if async_save:
+        return COMMITS.start(handle, rest.finish)
+    rest.finish()
     return handle
 
 
-def _agree(
-    failed: list[Exception], group: world.Group, own: StoreClient | None, job: str, step: int, save_id: str
-) -> None:
-    """The barrier of a save, where every rank learns whether every other one's part succeeded: if one
-    failed, every rank raises the same kind of error (the first failed rank its own, the others
-    `MemoryLimitError` for a full store, else `StateError`), none waits at a later barrier for a rank that
-    is gone, and with `own` this save's open version is deleted from this rank's store (its memory back,
-    for the next one; the step's committed save, if it had one, and the copies stay)."""
-    mine = failed[0] if failed else None
-    status = None if mine is None else (getattr(mine, "kind", ""), f"{type(mine).__name__}: {mine}")
-    bad = [(r, s) for r, s in enumerate(world.all_gather(status, group)) if s is not None]
-    if not bad:
-        return
-    if own is not None:
+def _describe(state_dict: dict[str, Any]) -> tuple[dict[str, LocalShard], dict[str, Any]]:
+    """This rank's shards and values; a value the manifest cannot hold is refused before anything is sent."""
+    tensors, values = flatten(expand(state_dict))
+    for name, v in values.items():
         try:
-            own.delete_version(job, step, save_id)
+            value_codec.encode(v, name)
+        except Exception as e:
+            raise StateError(str(e)) from None
+    return {n: local_shard(n, t) for n, t in tensors.items()}, values
+
+
+@dataclass
+class _Copy:
+    """This rank's part of a save: its shards from the host copies into its store, in a version opened
+    under the save's id (shared memory copied and checksummed chunk by chunk in one pass, or the network)."""
+
+    own: StoreClient
+    at: Version
+    items: list[tuple[str, str, str]]  # (blob, tensor, dtype)
+    host: StagedSnapshot
+    bd: Breakdown
+    done: bool = False
+    error: Exception | None = None  # a full store, say: raised on every rank after the barrier, not here
+
+    def run(self) -> None:
+        if not self.done:
+            self.done, self.error = True, attempt(self._write)
+
+    def _write(self) -> None:
+        at = self.at
+        try:
+            with self.bd.phase("create"):
+                self.own.create_version(at.job, at.step, at.save_id)
+            with self.bd.phase("copy"):
+                blobs = [(blob, self.host.array(n), dtype) for blob, n, dtype in self.items]
+                self.own.write_blobs(at.job, at.step, blobs, at.save_id)
+        finally:
+            self.host.release()
+
+    def abandon(self) -> None:
+        """This save's open version out of this rank's store: its memory back for the next save (the step's
+        committed save, if it had one, and the copies stay)."""
+        try:
+            self.own.delete_version(self.at.job, self.at.step, self.at.save_id)
         except StoreError:  # another rank of this host deleted it first, or the store is gone
             pass
-    r, (kind, why) = bad[0]
-    if mine is not None and r == world.rank(group):
-        raise mine
-    cls = MemoryLimitError if kind == MemoryLimitError.kind else StateError
-    raise cls(f"the snapshot of {job!r} at step {step} was not saved: rank {r}: {why}") from mine
 
 
-def _warn_unreplicated(job: str, step: int, replication: dict[str, str]) -> None:
-    for url, state in replication.items():
-        if state not in ("none", "done"):
-            log.warning("save %s@%d is committed but its copies from %s are not: %s", job, step, url, state)
+@dataclass
+class _Commit:
+    """The rest of a save once its host copies are taken: the copy into the store (an asynchronous save's,
+    here), the ranks' agreement, rank 0's commit, and the agreement on that."""
+
+    handle: SaveHandle
+    copy: _Copy
+    manifest: dict[str, Any]
+    blobs: dict[str, list[str]]  # store -> the blobs it must hold
+    keep: int | None
+    group: world.Group
+    me: int
+
+    def finish(self) -> None:
+        bd = self.handle.breakdown
+        self.copy.run()
+        with bd.phase("barrier"):
+            failed = agree(self.copy.error, self.group)
+        if failed is not None:
+            self.copy.abandon()
+            self._raise(failed)
+        error = attempt(self._commit) if self.me == 0 else None
+        with bd.phase("barrier"):  # none waits for rank 0 at a later barrier if its commit failed
+            failed = agree(error, self.group)
+        if failed is not None:
+            self._raise(failed)
+
+    def _commit(self) -> None:
+        self.handle.replication.update(commit(self.manifest, self.blobs, self.keep, self.handle.breakdown))
+
+    def _raise(self, failed: Failed) -> NoReturn:
+        """Every rank raises the same kind of error: the first failed rank its own, the others
+        `MemoryLimitError` for a full store, else `StateError`."""
+        if failed.mine is not None and failed.mine_first:
+            raise failed.mine
+        first = failed.first
+        cls = MemoryLimitError if first.kind == MemoryLimitError.kind else StateError
+        job, step = self.handle.job, self.handle.step
+        raise cls(
+            f"the snapshot of {job!r} at step {step} was not saved: rank {first.rank}: {first.why}"
+        ) from (failed.mine)

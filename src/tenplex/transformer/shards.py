@@ -50,7 +50,7 @@ def local_shard(name: str, tensor: torch.Tensor) -> LocalShard:
         placements = tensor.placements
         if any(isinstance(p, Partial) for p in placements):
             raise StateError(f"tensor {name!r} is a Partial DTensor: reduce it before saving or loading")
-        with torch.no_grad():  # the local tensor itself, not an autograd view of it (~5 µs a tensor)
+        with torch.no_grad():  # the local tensor itself, not an autograd view of it (paid per tensor)
             local = tensor.to_local()
         shape = tuple(tensor.shape)
         if any(isinstance(p, _StridedShard) for p in placements):
@@ -73,9 +73,10 @@ def _offset(
     shape: tuple[int, ...], mesh: Any, placements: tuple, coordinate: tuple[int, ...]
 ) -> tuple[int, ...]:
     """A shard's global offset, computed once per (shape, mesh, placements, this rank's coordinate): the
-    tensors of a model share a few layouts, and torch's computation costs ~10 µs a tensor, paid by every
-    save and load. The coordinate is part of the key because a process may hold another rank of an equal
-    mesh later (a standby process serving a new phase)."""
+    tensors of a model share a few layouts, and torch's computation, paid per tensor by every save and load,
+    is much of their `describe` phase (`python benchmarks/bench_reconfig.py`, results/bench_reconfig.json).
+    The coordinate is part of the key because a process may hold another rank of an equal mesh later (a
+    standby process serving a new phase)."""
     _, offset = compute_local_shape_and_global_offset(shape, mesh, placements)
     return tuple(int(o) for o in offset)
 

@@ -49,6 +49,16 @@ def make_manifest(
     }
 
 
+@dataclass(frozen=True)
+class Version:
+    """The one save a load reads: every read names its `save_id`, so a store holding another save of the
+    step answers NotFound instead of that save's bytes."""
+
+    job: str
+    step: int
+    save_id: str | None = None
+
+
 @dataclass
 class Snapshot:
     """One complete save chosen for a load: its step and manifest, the stores of it that cannot serve it

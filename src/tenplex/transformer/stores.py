@@ -8,8 +8,29 @@ from ..store import StoreClient
 from ..store.client import DEFAULT_URL
 from ..util import env
 
-_clients: dict[tuple[str, bool | None], StoreClient] = {}
-_lock = threading.Lock()
+
+class Clients:
+    """One client per store URL per process: process-wide on purpose, since a client keeps its
+    connections and shared-memory maps open for the next call."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[tuple[str, bool | None], StoreClient] = {}
+        self._lock = threading.Lock()
+
+    def get(self, url: str, local: bool | None) -> StoreClient:
+        with self._lock:
+            c = self._by_key.get((url, local))
+            if c is None:
+                c = self._by_key[(url, local)] = StoreClient(url, local=local)
+            return c
+
+    def clear(self) -> None:
+        """Forget every client: the next call of `client` makes a new one."""
+        with self._lock:
+            self._by_key.clear()
+
+
+CLIENTS = Clients()
 
 
 def resolve(store: str | None) -> str:
@@ -22,10 +43,4 @@ def client(url: str) -> StoreClient:
     on this machine, so that traffic between emulated hosts takes the network path; the own store still
     uses shared memory."""
     own = url == resolve(None)
-    local = None if own or not env.flag(env.EMULATED_HOSTS) else False
-    key = (url, local)
-    with _lock:
-        c = _clients.get(key)
-        if c is None:
-            c = _clients[key] = StoreClient(url, local=local)
-        return c
+    return CLIENTS.get(url, None if own or not env.flag(env.EMULATED_HOSTS) else False)

@@ -41,9 +41,9 @@ def all_gather(obj: Any, group: Group = None) -> list[Any]:
     """Every rank's `obj`, in rank order: gathered to rank 0 and broadcast from there, in fixed slots;
     when an object does not fit its slot, once more with slots of the longest. Why not
     `all_gather_object`: it runs two of gloo's ring all-gathers (lengths, then bytes), each a step per rank
-    and each step waiting for a process that may be off its core. In a 4-rank world on 2 cores it took
-    7.9 ms for `None`, where a gather and a broadcast of 64 KiB slots took 0.9 ms; a save and a load
-    call this five times between them."""
+    and each step waiting for a process that may be off its core, where this is one gather and one
+    broadcast; a save and a load call this five times between them (their `gather` and `barrier` phases
+    in `python benchmarks/bench_reconfig.py`, results/bench_reconfig.json)."""
     if not active():
         return [obj]
     n = size(group)

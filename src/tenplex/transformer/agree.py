@@ -1,0 +1,74 @@
+"""Every rank learns every rank's failure: the one way a save's or a load's ranks decide together.
+
+As DCP's `_DistWrapper` does for its steps: each rank runs its part and catches what it raises, the ranks
+gather who failed and why, and every rank takes the same way out (raise, fall back, try another snapshot),
+so none waits at a later collective for a rank that gave up. The failure travels as a small description
+(kind, whether the stores are to blame, one line), never the exception object, which need not unpickle on
+another rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from . import world
+from .errors import StateError
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What the other ranks learn of one rank's failed part."""
+
+    rank: int
+    kind: str  # the error's `kind` (a store error's, e.g. "memory_limit"), else ""
+    stores: bool  # a StateError: the stores' fault, which an older snapshot or the durable tier may serve
+    why: str  # "ErrorType: message"
+
+
+@dataclass
+class Failed:
+    """What `agree` tells every rank when some rank's part failed: `failures` in rank order, and this
+    rank's own exception (`mine`, None when its part succeeded)."""
+
+    failures: list[Failure]
+    me: int
+    mine: BaseException | None
+
+    @property
+    def first(self) -> Failure:
+        return self.failures[0]
+
+    @property
+    def mine_first(self) -> bool:
+        """Whether this rank is the first that failed (then its own exception is the one to raise)."""
+        return self.mine is not None and self.first.rank == self.me
+
+    @property
+    def stores_only(self) -> bool:
+        """Whether every failure is the stores' fault (else a bug, which no fallback may hide)."""
+        return all(f.stores for f in self.failures)
+
+
+def attempt(fn: Callable[[], object]) -> Exception | None:
+    """Run this rank's part; what it raises is returned, for `agree` to tell the others."""
+    try:
+        fn()
+    except Exception as e:  # every rank learns of it in `agree`, so none waits for the others forever
+        return e
+    return None
+
+
+def agree(error: BaseException | None, group: world.Group = None) -> Failed | None:
+    """One all-gather of every rank's outcome (`error`: this rank's, from `attempt`): every rank gets the
+    same answer, None when all succeeded. A broken group raises `GroupError` (then no rank learns more)."""
+    mine = (
+        None if error is None else (getattr(error, "kind", ""), isinstance(error, StateError), _line(error))
+    )
+    outcomes = world.all_gather(mine, group)
+    failures = [Failure(r, *o) for r, o in enumerate(outcomes) if o is not None]
+    return Failed(failures, world.rank(group), error) if failures else None
+
+
+def _line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"

@@ -22,10 +22,10 @@ SCHEDULE = [
     {"step": 43, "fail": [3]},
     {"step": 50, "devices": 2},
 ]
-# Different layouts sum in different orders, so fp32 results drift apart with the steps. Measured for these
-# 60 steps (`pytest tests/test_runtime.py -k bit_for_bit -s` prints it): a static dp2 run differs from one
-# device by up to 1.9e-6 in the loss and 1.3e-4 in the parameters, while a run that goes through a tenplex
-# save/load in the same layout is bit-identical to one that does not. Tolerances: those maxima, x2.5-4.
+# Different layouts sum in different orders, so fp32 results drift apart with the steps, while a run that
+# goes through a tenplex save/load in the same layout is bit-identical to one that does not. The tolerances
+# are a few times the drift a static dp2 run shows against one device over these 60 steps
+# (`pytest tests/test_runtime.py -k bit_for_bit -s` prints it, and the test holds it under them).
 LOSS_TOLERANCE = 5e-6
 PARAM_TOLERANCE = 5e-4
 

@@ -1,6 +1,6 @@
 """Rank processes that outlive their phase: Python, torch and tenplex are imported once, ahead of need, and a
-process that finished a rank of one layout takes a rank of the next one. On this machine starting a rank
-from nothing (interpreter, torch import, teardown) costs seconds; a reconfiguration should not.
+process that finished a rank of one layout takes a rank of the next one. Starting a rank from nothing
+(interpreter, torch import, teardown) costs seconds; a reconfiguration should not.
 
 A standby process is forked from its pool's zygote (`zygote`: the imports are done once per pool), then
 reads one JSON line per role on stdin: its rank's environment, where its output goes, and what to run. The

@@ -2,10 +2,10 @@
 
 The first tensor-parallel layout a process builds and trains runs PyTorch's lazy one-time work: DTensor's
 operator strategies registered on first use, fake-tensor shape propagation set up, dynamo's wrappers,
-`get_state_dict`'s first walk. Measured with `benchmarks/bench_warmup.py` (fresh processes that imported
-what the zygote imports, tiny GPT with tp=2 on a new mesh of a fake world of 2): build with its job state
-0.074 -> 0.052 s, first step 0.071 -> 0.043 s with the warm-up done first. What stays is per mesh
-(DTensor's caches are keyed on it, and `parallel.forget_meshes` empties them).
+`get_state_dict`'s first walk. `benchmarks/bench_warmup.py` measures what the warm-up saves (fresh
+processes that imported what the zygote imports, tiny GPT with tp=2 on a new mesh of a fake world of 2:
+the build with its job state and the first step, with and without it). What stays is per mesh (DTensor's
+caches are keyed on it, and `parallel.forget_meshes` empties them).
 
 The warm-up runs on the "fake" backend (no collective moves data, no thread is started) with one intra-op
 thread, the RNG state restored afterwards, and the world destroyed: a fork afterwards copies no lock held

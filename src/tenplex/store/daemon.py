@@ -25,12 +25,13 @@ from .client import StoreClient
 from .datasets import Registry
 from .errors import BadRequestError
 from .protocol import json_body
+from .read_body import PREAMBLE
 from .relay import RelayCache
 from .replication import Replicator
 from .request import Request, Route
 from .server import Server, headers_for
 from .shm import Arena
-from .transport import DEFAULT_PORT, PREAMBLE
+from .transport import DEFAULT_PORT
 
 log = logs.get("store")
 MAX_PEERS = 64  # peer stores whose clients (and idle connections) are kept

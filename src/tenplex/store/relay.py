@@ -21,8 +21,9 @@ from typing import Any
 from .boxio import blob_array
 from .catalog import Blob, Catalog, check_save_id
 from .checksum import chunk_digests
-from .client import StoreClient, read_many
+from .client import StoreClient
 from .errors import BadRequestError, NotFoundError
+from .fanout import read_many
 from .keys import check_box, check_job, check_name, check_step
 
 Key = tuple[str, str, int, str, str, str]  # peer, job, step, blob, box, save id

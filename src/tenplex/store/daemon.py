@@ -18,6 +18,7 @@ import numpy as np
 
 from ..ptc import Box
 from ..util import logs
+from .arena import Arena
 from .boxio import SCRATCH, blob_array, pieces
 from .catalog import Blob, Catalog
 from .checksum import CHUNK, StreamDigests, byte_span, cuts, digest, span_digests, verify_edges, verify_span
@@ -30,7 +31,6 @@ from .relay import RelayCache
 from .replication import Replicator
 from .request import Request, Route
 from .server import Server, headers_for
-from .shm import Arena
 from .transport import DEFAULT_PORT
 
 log = logs.get("store")
@@ -96,7 +96,7 @@ class Daemon(Server):
 
     def end_leases(self, leases: dict[int, list[Any]]) -> None:
         for held in leases.values():
-            self.catalog.release(held)
+            self.catalog.memory.release(held)
 
     def send_parts(self, req: Request, parts: list[tuple[Blob, Box]], what: str) -> None:
         """Stream the boxes, then the checksums of what was sent (a trailer the receiver verifies its bytes
@@ -112,7 +112,7 @@ class Daemon(Server):
 
         def release() -> None:
             if held.pop("parts", False):
-                self.catalog.release(b for b, _ in parts)
+                self.catalog.memory.release(b for b, _ in parts)
 
         try:
             self._send_parts(req, parts, what, release)
@@ -152,9 +152,9 @@ class Daemon(Server):
 
     def receive_blob(self, req: Request, name: str, dtype: str, shape: tuple[int, ...]) -> Blob:
         """Receive a raw body into a new blob's shared memory, hashing each chunk as it arrives."""
-        blob = self.catalog.new_blob(name, dtype, shape)
+        blob = self.catalog.memory.new_blob(name, dtype, shape)
         if req.length != blob.nbytes:
-            self.catalog.drop(blob)
+            self.catalog.memory.drop(blob)
             raise BadRequestError(f"body has {req.length} bytes, {dtype}{list(shape)} needs {blob.nbytes}")
         data = memoryview(blob.mem)
         try:
@@ -162,7 +162,7 @@ class Daemon(Server):
                 req.conn.read_into(data[i : i + CHUNK])
                 blob.digests.append(digest(data[i : i + CHUNK]))
         except BaseException:
-            self.catalog.drop(blob)
+            self.catalog.memory.drop(blob)
             raise
         finally:
             data.release()

@@ -16,7 +16,7 @@ given back to the kernel and the offsets are never handed out again. Pages given
 (`punch`) leave holes that are never handed out again either, so every range handed out is backed.
 
 A *pack* (`sparse=True`) is the same allocator over a sparse file that holds small blobs (see
-`shm.Arena`): its ranges start as holes and are backed when handed out (`MADV_POPULATE_WRITE` on the
+`arena.Arena`): its ranges start as holes and are backed when handed out (`MADV_POPULATE_WRITE` on the
 daemon's mapping, 4 KiB pages: a pack is mapped `MADV_NOHUGEPAGE`, so a 100-byte blob never takes a huge
 page); pages given back to make room become holes again, handed out again later (backed anew: zeros).
 Retired ranges are never handed out again here either.

@@ -26,7 +26,7 @@ from .keys import (
 from .same_host import SameHost
 from .transport import Transport
 
-MAX_BATCH = 4096  # blobs in one allocate or seal request (the daemon's MAX_BOXES)
+MAX_BATCH = 4096  # blobs in one allocate or seal request (the daemon's `version_routes.MAX_BOXES`)
 
 
 class SaveOf(TypedDict, total=False):

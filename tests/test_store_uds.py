@@ -13,7 +13,7 @@ import pytest
 
 from tenplex.ptc import Box
 from tenplex.store import AuthError, StoreClient, start_store
-from tenplex.store.daemon import Daemon
+from tenplex.store.daemon import Daemon, StoreConfig
 from tenplex.store.protocol import connect_unix
 from tenplex.store.routes import ROUTES
 
@@ -95,7 +95,7 @@ def serve(d: Daemon) -> None:
 
 def test_the_store_refuses_another_uid_by_its_peer_credentials(tmp_path):
     """Even with the file modes opened up, the kernel's SO_PEERCRED keeps another uid out."""
-    d = Daemon(ROUTES, "127.0.0.1", 0, 16 << 20, "tok", shm_root=str(tmp_path))
+    d = Daemon(ROUTES, StoreConfig("127.0.0.1", 0, 16 << 20, "tok", shm_root=str(tmp_path)))
     threading.Thread(target=serve, args=(d,), daemon=True).start()
     d.listen_unix(str(tmp_path / "s.sock"))
     os.chmod(tmp_path, 0o711)

@@ -50,8 +50,9 @@ def host_id() -> str:
 
 
 def map_file(path: str, nbytes: int, writable: bool, populate: bool = True) -> mmap.mmap | bytearray:
-    """Map a blob file; pages are pre-faulted (MAP_POPULATE) because faulting 4 KiB at a time costs as
-    much as the copy itself (a slab is mapped whole and only its blobs' ranges populated, see `populate`).
+    """Map a blob file; pages are pre-faulted (MAP_POPULATE) because faulting 4 KiB at a time would stall
+    the copy at every page (the "shm first write ... 4 KiB pages" row of `python benchmarks/bench_store.py`
+    in results/bench_store.json; a slab is mapped whole and only its blobs' ranges populated, see `populate`).
     Empty blobs have no mapping. Only a regular file of this user or root is mapped, never through a
     symlink: a client maps what a store told it, and the store must not be able to point it elsewhere."""
     if nbytes == 0:

@@ -73,8 +73,9 @@ class BlobWriter:
         save_id: str | None = None,
     ) -> None:
         """`write_blob` for many (name, array, dtype) at once: on this host one allocate and one seal
-        request for all of them (a request costs ~0.3 ms, the copy of a small tensor far less), each blob
-        copied and checksummed chunk by chunk in one pass; over the network one PUT each."""
+        request for all of them (a request costs far more than the copy of a small tensor: "net one-element
+        box, one request each" of `python benchmarks/bench_store.py` in results/bench_store.json), each
+        blob copied and checksummed chunk by chunk in one pass; over the network one PUT each."""
         if not self.transport.is_local:
             for name, array, dtype in items:
                 self.write(job, step, name, array, dtype, save_id)

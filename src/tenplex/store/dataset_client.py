@@ -1,5 +1,5 @@
-"""The client side of dataset views: register a corpus with a store, list a rank's sample ids, read
-token windows (same host: gathered from this process's own read-only map of the corpus file)."""
+"""A client's dataset views (a part of `StoreClient`): register a corpus with a store, list a rank's sample
+ids, read token windows (same host: gathered from this process's own read-only map of the corpus file)."""
 
 from __future__ import annotations
 

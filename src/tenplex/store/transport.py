@@ -127,9 +127,6 @@ class Transport:
         path = str(h.get("unix") or "")
         self._unix = path if here and self.use_unix and os.path.exists(path) else ""
 
-    def health(self) -> dict[str, Any]:
-        return self.request("GET", "/v1/health")
-
     def _conn(self) -> Conn:
         while True:
             with self._lock:

@@ -134,11 +134,11 @@ def main() -> None:
         row("shm read strided box (half the columns)", t_half, "np.copyto strided", t_half_base, n // 2, 0.7)
         # the same strided copy straight from the blob's shared-memory mapping: tmpfs has 4 KiB pages
         # (no transparent huge pages for shmem here), so a strided walk misses the TLB far more often
-        pin: list = []  # the lease ends once the blob is mapped: else it would hold the file past its delete
-        found = local.request("POST", "/v1/jobs/bench/versions/1/locate", {"names": ["w"]}, hold=pin)
-        local._unlease(found["lease"], pin)
-        info = found["blobs"][0]
-        mapped = np.frombuffer(local._map(info), np.float32).reshape(a.shape)
+        # the lease ends once the blob is mapped: else it would hold the file past its delete
+        leased = local.transport.lease("POST", "/v1/jobs/bench/versions/1/locate", {"names": ["w"]})
+        local.transport.end_lease(leased)
+        info = leased.answer["blobs"][0]
+        mapped = np.frombuffer(local.same_host.map(info), np.float32).reshape(a.shape)
         t_half_map = best(lambda: np.copyto(hout, mapped[:, : cols // 2]))
         row("shm read strided box (half the columns)", t_half, "np.copyto strided from the shm map",
             t_half_map, n // 2, 0.7)  # fmt: skip

@@ -38,9 +38,9 @@ def main() -> None:
         uds = StoreClient(sp.url)
         uds.write_blob("bench", 1, "x", np.arange(1024, dtype=np.float32))
         uds.commit("bench", 1, None)
-        uds._local = False  # reads over the network path, on the Unix socket
+        uds.transport.local = False  # reads over the network path, on the Unix socket
         tcp = StoreClient(sp.url, local=False)
-        assert uds.jobs() == tcp.jobs() and uds._unix, "the Unix socket was not used"
+        assert uds.jobs() == tcp.jobs() and uds.transport._unix, "the Unix socket was not used"
         out = np.empty(1, np.float32)
         ops: dict[str, Callable[[StoreClient], object]] = {
             "GET /v1/jobs": lambda c: c.jobs(),

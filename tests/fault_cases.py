@@ -191,8 +191,7 @@ def flip_byte(url: str, job: str, step: int, r: random.Random) -> str:
     try:
         blobs = [b for b in c.blobs(job, step) if b["dtype"] == "float32" and "model" in b["name"]]
         name = max(blobs, key=lambda b: (b["nbytes"], b["name"]))["name"]
-        held: list = []
-        found = c.request("POST", f"/v1/jobs/{job}/versions/{step}/locate", {"names": [name]}, hold=held)
+        found, held = c.transport.lease("POST", f"/v1/jobs/{job}/versions/{step}/locate", {"names": [name]})
         try:
             info = found["blobs"][0]
             at = 4 * r.randrange(info["nbytes"] // 4) + 3
@@ -203,8 +202,8 @@ def flip_byte(url: str, job: str, step: int, r: random.Random) -> str:
             finally:
                 os.close(fd)
         finally:
-            for conn in held:
-                conn.close()  # ends the lease
+            if held is not None:
+                held.close()  # ends the lease
     finally:
         c.close()
     return f"{name} byte {at}"

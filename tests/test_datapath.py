@@ -13,7 +13,7 @@ import pytest
 
 from tenplex.ptc import Box
 from tenplex.store import MemoryLimitError, start_store
-from tenplex.store.shm import Arena
+from tenplex.store.arena import Arena
 from tenplex.store.tmpfs import HUGE_PAGE, host_path, open_memory
 
 pytestmark = pytest.mark.timeout(120)

@@ -51,10 +51,9 @@ def sample(dtype: str, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
 
 def blob_path(c: StoreClient, job: str, step: int, name: str) -> str:
     """The shared-memory file of a blob, asked the way a reader asks (and its lease ended)."""
-    pin: list = []
-    found = c.request("POST", f"/v1/jobs/{job}/versions/{step}/locate", {"names": [name]}, hold=pin)
-    c._unlease(found["lease"], pin)
-    return found["blobs"][0]["path"]
+    leased = c.transport.lease("POST", f"/v1/jobs/{job}/versions/{step}/locate", {"names": [name]})
+    c.transport.end_lease(leased)
+    return leased.answer["blobs"][0]["path"]
 
 
 def job_name(request) -> str:
@@ -497,10 +496,11 @@ def test_held_relayed_boxes_are_verified_and_outlive_a_dropped_relay(request):
             time.sleep(0.01)
         assert hc.stats()["memory_used"] == 0
         whole = Box((0, 0), (1 << 18, 2))
-        pin: list = []  # where the relay keeps its copy: flip a byte of its second chunk
-        payload = hc._relay_payload(one.url, job, 1, [("w", whole, None)], None)
-        found = hc.request("POST", "/v1/relay", payload, hold=pin)
-        hc._unlease(found["lease"], pin)
+        # where the relay keeps its copy: flip a byte of its second chunk
+        payload = hc.relay.payload(one.url, job, 1, [("w", whole, None)], None)
+        leased = hc.transport.lease("POST", "/v1/relay", payload)
+        hc.transport.end_lease(leased)
+        found = leased.answer
         at = found["blobs"][0]["offset"] + (1 << 20) + 8  # a blob's bytes start at its offset in the file
         with open(found["blobs"][0]["path"], "r+b") as f:
             f.seek(at)
@@ -873,7 +873,7 @@ def test_a_pooled_connection_the_store_closed_is_not_used_again(monkeypatch):
         port = int(first.url.rsplit(":", 1)[1])
         c = StoreClient(first.url, token=first.token, local=False)
         old_pid = c.health()["pid"]
-        assert len(c._pool) == 1
+        assert len(c.transport._pool) == 1
     with start_store(port=port, memory_limit="16MiB") as again:
         with monkeypatch.context() as m:  # time.sleep is the backoff between attempts (and only that here)
             m.setattr(transport.time, "sleep", slept.append)

@@ -33,9 +33,10 @@ from tenplex.store import (
 from tenplex.store.checksum import StreamDigests, chunk_digests, cuts, digest, list_digest, span_digests
 from tenplex.store.mappings import SWEEP
 from tenplex.store.protocol import Conn
+from tenplex.store.read_body import PREAMBLE, into
 from tenplex.store.shm import shm_root
 from tenplex.store.tmpfs import host_path
-from tenplex.store.transport import PREAMBLE, into
+from tenplex.store.transport import Leased
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -48,12 +49,11 @@ def store(request):
     yield from serve(["--reserve", "64MiB"] if request.param == "reserve" else None)
 
 
-def _leased_path(c, job: str, step: int, name: str) -> tuple[str, int, list]:
-    """Where a located blob is (its file and offset there), the lease that holds it, its connection."""
-    pin: list = []
-    found = c.request("POST", f"/v1/jobs/{job}/versions/{step}/locate", {"names": [name]}, hold=pin)
-    blob = found["blobs"][0]
-    return (blob["path"], blob["offset"]), found["lease"], pin
+def _leased_path(c, job: str, step: int, name: str) -> tuple[tuple[str, int], Leased]:
+    """Where a located blob is (its file and offset there), and the lease that holds it."""
+    leased = c.transport.lease("POST", f"/v1/jobs/{job}/versions/{step}/locate", {"names": [name]})
+    blob = leased.answer["blobs"][0]
+    return (blob["path"], blob["offset"]), leased
 
 
 # ---------------------------------------------------------------- 1. one save per read; replicas by save
@@ -194,26 +194,25 @@ def test_a_located_blob_is_not_reused_until_its_lease_ends(store):
     job = "lease"
     c.write_blob(job, 1, "w", np.full(1000, 1, np.int64))
     c.commit(job, 1, None)
-    first, lease, pin = _leased_path(c, job, 1, "w")
+    first, lease = _leased_path(c, job, 1, "w")
     c.delete_version(job, 1)
     c.write_blob(job, 2, "w", np.full(1000, 2, np.int64))
     c.commit(job, 2, None)
-    second, lease2, pin2 = _leased_path(c, job, 2, "w")
+    second, lease2 = _leased_path(c, job, 2, "w")
     assert second != first  # v1's memory is still held
     with open(first[0], "rb") as f:
         f.seek(first[1])
         assert (np.frombuffer(f.read(8000), np.int64) == 1).all()
-    c._unlease(lease, pin)
-    c._unlease(lease2, pin2)
+    c.transport.end_lease(lease)
+    c.transport.end_lease(lease2)
     c.delete_version(job, 2)
     c.write_blob(job, 3, "w", np.full(1000, 3, np.int64))
     c.commit(job, 3, None)
-    third, lease3, pin3 = _leased_path(c, job, 3, "w")
+    third, lease3 = _leased_path(c, job, 3, "w")
     assert third in (first, second)  # released: files are recycled again
-    c._unlease(lease3, pin3)
-    pin4: list = []  # a reader that dies holding a lease: its connection's close releases it
-    c.request("POST", f"/v1/jobs/{job}/versions/3/locate", {"names": ["w"]}, hold=pin4)
-    pin4[0].close()
+    c.transport.end_lease(lease3)
+    # a reader that dies holding a lease: its connection's close releases it
+    c.transport.lease("POST", f"/v1/jobs/{job}/versions/3/locate", {"names": ["w"]}).conn.close()
     c.delete_job(job)
     deadline = time.monotonic() + 10
     while c.stats()["memory_used"] and time.monotonic() < deadline:
@@ -369,8 +368,8 @@ def test_cached_mappings_of_unlinked_blob_files_are_dropped():
         c.commit("m", 1, None)
         out = np.empty(600 << 10, np.uint8)
         c.read_box("m", 1, "w", Box.full(out.shape), out)
-        (path, _), lease, pin = _leased_path(c, "m", 1, "w")
-        c._unlease(lease, pin)
+        (path, _), lease = _leased_path(c, "m", 1, "w")
+        c.transport.end_lease(lease)
         assert _mapped(path)
         c.delete_version("m", 1)
         c.write_blob("m", 2, "w", np.ones(1 << 20, np.uint8))  # a file of its own, needs the pack's room

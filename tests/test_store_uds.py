@@ -13,7 +13,7 @@ import pytest
 
 from tenplex.ptc import Box
 from tenplex.store import AuthError, StoreClient, start_store
-from tenplex.store.daemon import Daemon
+from tenplex.store.daemon import Daemon, StoreConfig
 from tenplex.store.protocol import connect_unix
 from tenplex.store.routes import ROUTES
 
@@ -56,20 +56,20 @@ def test_same_uid_client_over_the_socket_needs_no_token_and_tcp_still_does(store
     c = StoreClient(store.url, token="")  # no token at all: only the socket can let it in
     c.write_blob("uds", 1, "r0/w", KNOWN)
     c.commit("uds", 1, {"ok": True})
-    assert c._unix == path
+    assert c.transport._unix == path
     out = np.empty((2, 10), np.float32)
     c.read_box("uds", 1, "r0/w", Box((2, 0), (4, 10)), out)
     np.testing.assert_array_equal(out, KNOWN[2:4])
     wrong = StoreClient(store.url, token="not-the-token", local=False)  # TCP: token required as before
     with pytest.raises(AuthError):
         wrong.jobs()
-    assert wrong._unix is None, "a client told the store is remote used the Unix socket"
+    assert wrong.transport._unix is None, "a client told the store is remote used the Unix socket"
     net = StoreClient(store.url, local=False)  # the token over TCP reads the same bytes
     net.read_box("uds", 1, "r0/w", Box((0, 0), (6, 10)), full := np.empty_like(KNOWN))
     np.testing.assert_array_equal(full, KNOWN)
     with pytest.raises(AuthError):  # without the socket (use_unix off) the token is required again
         t = StoreClient(store.url, token="")
-        t.use_unix = False
+        t.transport.use_unix = False
         t.jobs()
     net.delete_job("uds")
 
@@ -95,7 +95,7 @@ def serve(d: Daemon) -> None:
 
 def test_the_store_refuses_another_uid_by_its_peer_credentials(tmp_path):
     """Even with the file modes opened up, the kernel's SO_PEERCRED keeps another uid out."""
-    d = Daemon(ROUTES, "127.0.0.1", 0, 16 << 20, "tok", shm_root=str(tmp_path))
+    d = Daemon(ROUTES, StoreConfig("127.0.0.1", 0, 16 << 20, "tok", shm_root=str(tmp_path)))
     threading.Thread(target=serve, args=(d,), daemon=True).start()
     d.listen_unix(str(tmp_path / "s.sock"))
     os.chmod(tmp_path, 0o711)
@@ -164,9 +164,9 @@ def test_the_client_does_not_trust_a_socket_served_by_another_uid(store, tmp_pat
         with pytest.raises(AuthError, match="not trusted"):
             connect_unix(path, 5)
         c = store.client()
-        c._unix = path  # as if the store had reported that path
+        c.transport._unix = path  # as if the store had reported that path
         assert c.jobs() == []  # answered over TCP, with the token
-        assert c._unix == "", "the client kept an untrusted socket"
+        assert c.transport._unix == "", "the client kept an untrusted socket"
         assert os.read(got_r, 64) == b"0", "bytes were sent to another user's socket"
     finally:
         _, status = os.waitpid(pid, 0)

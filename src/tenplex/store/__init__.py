@@ -5,7 +5,7 @@ sockets. Versions are committed atomically, blobs carry per-chunk checksums, com
 replicated to peer stores, and a relay lets one host fetch remote bytes once for all its ranks.
 """
 
-from .client import DEFAULT_PORT, DEFAULT_URL, Held, StoreClient, hold_relayed_many, read_many, relay_many
+from .client import DEFAULT_PORT, DEFAULT_URL, Held, StoreClient
 from .errors import (
     AuthError,
     BadRequestError,
@@ -17,6 +17,7 @@ from .errors import (
     StoreUnavailable,
     TooLargeError,
 )
+from .fanout import hold_relayed_many, read_many, relay_many
 from .process import StoreProcess, start_store
 
 __all__ = [

@@ -1,4 +1,5 @@
-"""The daemon's in-memory catalog: jobs → steps → saves → blobs, memory accounting and retention.
+"""The daemon's in-memory catalog: jobs → steps → saves → blobs, with their memory (`blob_memory`) and
+retention (`retention`).
 
 All metadata changes happen under one lock; bulk bytes are moved outside it. A version becomes readable
 only when committed, and only sealed blobs can be committed, so a reader never sees a torn blob.
@@ -25,83 +26,28 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterable
-from math import prod
 from typing import Any
 
-from ..ptc import item_size
-from .errors import BadRequestError, ConflictError, MemoryLimitError, NotFoundError
-from .shm import Arena
+from .arena import Arena
+from .blob_memory import BlobMemory
+from .errors import BadRequestError, ConflictError, NotFoundError
+from .retention import Protect, doomed_versions
 from .versions import ANY, Blob, Slot, Version, check_save_id
 
 __all__ = ["ANY", "Blob", "Catalog", "Slot", "Version", "check_save_id"]
 
 TOMBSTONES = 1 << 16  # deleted saves remembered: a write of one arriving later is refused
-Protect = tuple[int, str | None]  # (step, save id or None for whichever this store committed)
-Lineage = list[tuple[int, Version]]  # (step, version) of one store's own saves, or of one peer's copies
 
 
 class Catalog:
     """Jobs, steps, saves, blobs and the memory they take; every method is thread-safe."""
 
     def __init__(self, arena: Arena, memory_limit: int) -> None:
-        self.arena = arena
-        self.limit = memory_limit
-        self.used = 0
         self.lock = threading.RLock()
+        self.memory = BlobMemory(arena, memory_limit, self.lock)
         self.jobs: dict[str, dict[int, Slot]] = {}
         self._clock = itertools.count(1)  # orders opens and commits (retention goes by it)
         self._gone: OrderedDict[tuple[str, int, str | None, str], None] = OrderedDict()
-
-    # ---- memory
-
-    def new_blob(self, name: str, dtype: str, shape: tuple[int, ...]) -> Blob:
-        """Count and take the memory of a blob that is not in the catalog yet."""
-        nbytes = prod(shape) * item_size(dtype)
-        cost = self.arena.footprint(nbytes)  # what it takes in memory: the limit counts it whole
-        with self.lock:
-            if self.used + cost > self.limit:
-                raise MemoryLimitError(
-                    f"writing {name!r} ({nbytes} bytes) would exceed the memory limit "
-                    f"({self.used} of {self.limit} bytes used); delete versions or use retain"
-                )
-            self.used += cost
-        try:
-            place = self.arena.create(nbytes)
-        except BaseException:
-            self.free(cost)
-            raise
-        with self.lock:  # taken from the slab or the pool, or on pages freed for it: trimmed only after
-            self.arena.trim(self.limit - self.used)  # recycled memory never takes the store past its limit
-        return Blob(name, dtype, shape, place)
-
-    def free(self, nbytes: int) -> None:
-        with self.lock:
-            self.used -= nbytes
-
-    def drop(self, blob: Blob) -> None:
-        """Delete a blob: its memory and file are given back now, or when the last holder releases it."""
-        with self.lock:
-            if blob.dead:
-                return
-            blob.dead = True
-            if blob.refs:
-                return
-        self._free_file(blob)
-
-    def _free_file(self, blob: Blob) -> None:
-        self.free(self.arena.footprint(blob.nbytes))
-        if blob.mapped and not blob.sealed:
-            self.arena.discard(blob.place, blob.nbytes)
-        else:  # to the reserve's free ranges, or the pool for the next blob of the same size
-            self.arena.recycle(blob.place, blob.nbytes)
-
-    def hold(self, blob: Blob) -> Blob:
-        """Count one more request serving `blob`; NotFoundError if it was deleted meanwhile."""
-        with self.lock:
-            if blob.dead:
-                raise NotFoundError(f"blob {blob.name!r} was deleted")
-            blob.refs += 1
-        return blob
 
     def hold_version(self, v: Version) -> list[Blob] | None:
         """`hold` every blob of `v` (a replication push), or None when `v` was deleted meanwhile."""
@@ -112,17 +58,6 @@ class Catalog:
             for b in blobs:
                 b.refs += 1
         return blobs
-
-    def release(self, blobs: Iterable[Blob]) -> None:
-        """End the requests `hold` counted; a deleted blob's file is freed with its last holder."""
-        freed = []
-        with self.lock:
-            for b in blobs:
-                b.refs -= 1
-                if b.refs == 0 and b.dead:
-                    freed.append(b)
-        for b in freed:
-            self._free_file(b)
 
     # ---- lookups
 
@@ -172,7 +107,8 @@ class Catalog:
         with self.lock:
             slots = [s for vs in self.jobs.values() for s in vs.values()]
             versions = [v for s in slots for v in s.versions()]
-            return {"memory_used": self.used, "memory_limit": self.limit, "jobs": len(self.jobs),
+            mem = self.memory
+            return {"memory_used": mem.used, "memory_limit": mem.limit, "jobs": len(self.jobs),
                     "versions": len(slots), "committed": sum(bool(s.readable()) for s in slots),
                     "blobs": sum(len(v.blobs) for v in versions)}  # fmt: skip
 
@@ -246,11 +182,11 @@ class Catalog:
             if ok:
                 v.blobs[blob.name] = blob
         if not ok:
-            self.drop(blob)
+            self.memory.drop(blob)
             state = "committed" if v.committed else "deleted or replaced"
             raise ConflictError(f"version {v.step} was {state} while blob {blob.name!r} was being written")
         if old is not None:
-            self.drop(old)
+            self.memory.drop(old)
 
     def pending_blob(self, job: str, step: int, name: str, save_id: str | None = None) -> Blob:
         """The open blob a seal of save `save_id` names; ConflictError if the open version is another
@@ -306,7 +242,7 @@ class Catalog:
             v.order = next(self._clock)
             v.save_id = save_id or v.save_id or f"unnamed-{uuid.uuid4().hex}"  # every read can name it
         for b in stale:
-            self.drop(b)
+            self.memory.drop(b)
         return v, True
 
     def delete_version(self, job: str, step: int) -> None:
@@ -357,7 +293,7 @@ class Catalog:
     ) -> list[int]:
         """Apply `keep` to this store's own saves of `job` (or, with `origin`, to that peer's copies here);
         returns the steps whose version was deleted. `keep=None` keeps every committed save (the saver
-        marks `protect` complete and drops abandoned attempts before it). See `_doomed` for the rule."""
+        marks `protect` complete and drops abandoned attempts before it). See `retention` for the rule."""
         if keep is not None and (type(keep) is not int or keep < 1):
             raise BadRequestError(f"keep must be a positive integer or null, got {keep!r}")
         with self.lock:
@@ -369,7 +305,7 @@ class Catalog:
                 for v in ((slot.own, slot.prior) if origin is None else (slot.copies.get(origin),))
                 if v is not None
             ]
-            doomed = _doomed(lineage, keep, protect)
+            doomed = doomed_versions(lineage, keep, protect)
             for s, v in doomed:
                 self._unlink(job, s, [v])
         self._drop_all(v for _, v in doomed)
@@ -408,7 +344,7 @@ class Catalog:
     def _drop_all(self, versions: Iterable[Version]) -> None:
         for v in versions:
             for b in v.blobs.values():
-                self.drop(b)
+                self.memory.drop(b)
 
     def close(self) -> None:
         with self.lock:
@@ -418,36 +354,4 @@ class Catalog:
                         for b in v.blobs.values():
                             b.release()
             self.jobs.clear()
-            self.used = 0
-
-
-def _doomed(lineage: Lineage, keep: int | None, protect: Protect | None) -> Lineage:
-    """Which versions of one lineage (a store's own saves, or one peer's copies) `retain` deletes.
-
-    The anchor is the protected save (the saver names it only once it committed on every store, so it is
-    complete: marked so), else the newest save ever marked complete. Kept: the anchor, the newest
-    `keep - 1` other commits by commit order (all of them for `keep=None`) and the newest complete one;
-    an earlier save of the anchor's own step is superseded by it and goes.
-    Steps are never compared: a rolled-back step commits after a larger one and is the newer. A store
-    cannot tell a complete save from one whose commit reached it alone, so with no complete save known
-    nothing committed is deleted. Uncommitted versions opened before the anchor are abandoned attempts
-    and go; one opened after it may be a save in progress and stays."""
-    done = sorted((v for _, v in lineage if v.committed), key=lambda v: v.order)
-    anchor = None
-    if protect is not None:
-        for s, v in lineage:
-            if s == protect[0] and v.committed and protect[1] in (None, v.save_id):
-                anchor = v
-                v.complete = True
-    if anchor is None:
-        anchor = next((v for v in reversed(done) if v.complete), None)
-    if anchor is None:
-        return []
-    steps = {id(v): s for s, v in lineage}
-    superseded = {id(v) for v in done if v is not anchor and steps[id(v)] == steps[id(anchor)]}
-    others = [v for v in done if v is not anchor and id(v) not in superseded]
-    newer = others if keep is None else others[len(others) - keep + 1 :]
-    complete = [v for v in done if v.complete and id(v) not in superseded]
-    kept = {id(v) for v in [anchor, *newer, *complete[-1:]]}
-    return [(s, v) for s, v in lineage
-            if (v.committed and id(v) not in kept) or (not v.committed and v.born < anchor.born)]  # fmt: skip
+            self.memory.used = 0

@@ -11,13 +11,15 @@ import secrets
 import socket
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..ptc import Box
 from ..util import logs
+from .arena import Arena
 from .boxio import SCRATCH, blob_array, pieces
 from .catalog import Blob, Catalog
 from .checksum import CHUNK, StreamDigests, byte_span, cuts, digest, span_digests, verify_edges, verify_span
@@ -25,46 +27,50 @@ from .client import StoreClient
 from .datasets import Registry
 from .errors import BadRequestError
 from .protocol import json_body
+from .read_body import PREAMBLE
 from .relay import RelayCache
 from .replication import Replicator
 from .request import Request, Route
 from .server import Server, headers_for
-from .shm import Arena
-from .transport import DEFAULT_PORT, PREAMBLE
+from .transport import DEFAULT_PORT
 
 log = logs.get("store")
 MAX_PEERS = 64  # peer stores whose clients (and idle connections) are kept
 
 
+@dataclass(frozen=True)
+class StoreConfig:
+    """What a store is started with (`tenplex store`'s flags, parsed: see `main`)."""
+
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    memory_limit: int = 16 << 30
+    token: str | None = None
+    peers: Sequence[str] = ()  # the replication ring
+    replicas: int = 0
+    advertise: str | None = None  # this store's URL as peers know it
+    shm_root: str | None = None  # where its memory directory goes (default: /dev/shm)
+    huge_pages: str = "off"
+    reserve: int = 0  # bytes taken at start for the first blobs' pages
+
+
 class Daemon(Server):
     """One store: its state, the bulk helpers its handlers share, and `serve_forever` from `Server`."""
 
-    def __init__(
-        self,
-        routes: list[Route],
-        host: str = "127.0.0.1",
-        port: int = DEFAULT_PORT,
-        memory_limit: int = 16 << 30,
-        token: str | None = None,
-        peers: list[str] | None = None,
-        replicas: int = 0,
-        advertise: str | None = None,
-        shm_root: str | None = None,
-        huge_pages: str = "off",
-        reserve: int = 0,
-    ) -> None:
-        super().__init__(host, port, token, routes)
+    def __init__(self, routes: list[Route], config: StoreConfig) -> None:
+        c = config
+        super().__init__(c.host, c.port, c.token, routes)
         # new at every start: a store that restarted is another store, whose "I have nothing" says nothing
         # about what the one before it held (docs/consistency.md)
         self.incarnation = secrets.token_hex(8)
         self.bound = str(self.sock.getsockname()[0])
-        shown = host if host not in ("0.0.0.0", "::", "") else socket.gethostname()
-        self.url = advertise or f"http://{_bracket(shown)}:{self.port}"
-        self.arena = Arena(str(self.port), shm_root, huge_pages, memory_limit, reserve)
-        if self.arena.memory.notice and huge_pages == "auto":
+        shown = c.host if c.host not in ("0.0.0.0", "::", "") else socket.gethostname()
+        self.url = c.advertise or f"http://{_bracket(shown)}:{self.port}"
+        self.arena = Arena(str(self.port), c.shm_root, c.huge_pages, c.memory_limit, c.reserve)
+        if self.arena.memory.notice and c.huge_pages == "auto":
             log.warning("%s; blobs go to the plain directory", self.arena.memory.notice)
-        self.catalog = Catalog(self.arena, min(memory_limit, self.arena.capacity()))
-        self.replicator = Replicator(self.catalog, self.url, self.peer, peers or [], replicas)
+        self.catalog = Catalog(self.arena, min(c.memory_limit, self.arena.capacity()))
+        self.replicator = Replicator(self.catalog, self.url, self.peer, list(c.peers), c.replicas)
         self._peer_clients: dict[str, StoreClient] = {}
         self._clients_lock = threading.Lock()
         self.relay = RelayCache(self.catalog, self.peer)
@@ -95,7 +101,7 @@ class Daemon(Server):
 
     def end_leases(self, leases: dict[int, list[Any]]) -> None:
         for held in leases.values():
-            self.catalog.release(held)
+            self.catalog.memory.release(held)
 
     def send_parts(self, req: Request, parts: list[tuple[Blob, Box]], what: str) -> None:
         """Stream the boxes, then the checksums of what was sent (a trailer the receiver verifies its bytes
@@ -111,7 +117,7 @@ class Daemon(Server):
 
         def release() -> None:
             if held.pop("parts", False):
-                self.catalog.release(b for b, _ in parts)
+                self.catalog.memory.release(b for b, _ in parts)
 
         try:
             self._send_parts(req, parts, what, release)
@@ -151,9 +157,9 @@ class Daemon(Server):
 
     def receive_blob(self, req: Request, name: str, dtype: str, shape: tuple[int, ...]) -> Blob:
         """Receive a raw body into a new blob's shared memory, hashing each chunk as it arrives."""
-        blob = self.catalog.new_blob(name, dtype, shape)
+        blob = self.catalog.memory.new_blob(name, dtype, shape)
         if req.length != blob.nbytes:
-            self.catalog.drop(blob)
+            self.catalog.memory.drop(blob)
             raise BadRequestError(f"body has {req.length} bytes, {dtype}{list(shape)} needs {blob.nbytes}")
         data = memoryview(blob.mem)
         try:
@@ -161,7 +167,7 @@ class Daemon(Server):
                 req.conn.read_into(data[i : i + CHUNK])
                 blob.digests.append(digest(data[i : i + CHUNK]))
         except BaseException:
-            self.catalog.drop(blob)
+            self.catalog.memory.drop(blob)
             raise
         finally:
             data.release()

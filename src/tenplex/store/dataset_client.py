@@ -1,5 +1,5 @@
-"""The client side of dataset views: register a corpus with a store, list a rank's sample ids, read
-token windows (same host: gathered from this process's own read-only map of the corpus file)."""
+"""A client's dataset views (a part of `StoreClient`): register a corpus with a store, list a rank's sample
+ids, read token windows (same host: gathered from this process's own read-only map of the corpus file)."""
 
 from __future__ import annotations
 
@@ -14,46 +14,40 @@ from .datasets import gather, token_windows
 from .errors import BadRequestError, StoreError
 from .keys import NUMPY_DTYPE, check_job, check_out
 from .mappings import Mappings
-from .transport import Transport, into
+from .read_body import into
+from .transport import Transport
 
 
-class DatasetClient(Transport):
-    """`Transport` plus the dataset routes; `StoreClient` adds versions and blobs."""
+class Datasets:
+    """A client's dataset routes (`StoreClient.register_dataset`, `read_samples`, ... call these)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.maps = Mappings()
+    def __init__(self, transport: Transport, maps: Mappings) -> None:
+        self.transport = transport
+        self.maps = maps
 
-    def close(self) -> None:
-        """Close pooled connections and cached mappings (the client stays usable)."""
-        super().close()
-        self.maps.clear()
-
-    def register_dataset(
-        self, name: str, corpus_dir: str | os.PathLike, split: str = "train", *, seq: int
-    ) -> dict:
+    def register(self, name: str, corpus_dir: str | os.PathLike, split: str = "train", *, seq: int) -> dict:
         """Have the store map `corpus_dir` (a `build_corpus` directory *on the store's host*; made absolute
         here) read-only under `name`; returns its info (tokens, num_samples, ...). Re-registering replaces."""
         payload = {"corpus_dir": os.path.abspath(os.fspath(corpus_dir)), "split": split, "seq": seq}
-        return self.request("POST", f"/v1/datasets/{check_job(name)}", payload)
+        return self.transport.request("POST", f"/v1/datasets/{check_job(name)}", payload)
 
-    def datasets(self) -> list[dict[str, Any]]:
-        return self.request("GET", "/v1/datasets")["datasets"]
+    def listing(self) -> list[dict[str, Any]]:
+        return self.transport.request("GET", "/v1/datasets")["datasets"]
 
-    def dataset_info(self, name: str) -> dict[str, Any]:
-        return self.request("GET", f"/v1/datasets/{check_job(name)}")
+    def info(self, name: str) -> dict[str, Any]:
+        return self.transport.request("GET", f"/v1/datasets/{check_job(name)}")
 
-    def drop_dataset(self, name: str) -> None:
-        self.request("DELETE", f"/v1/datasets/{check_job(name)}")
+    def drop(self, name: str) -> None:
+        self.transport.request("DELETE", f"/v1/datasets/{check_job(name)}")
 
-    def dataset_ids(
+    def ids(
         self, name: str, sampler_state: dict[str, int], dp: int, rank: int, steps: int = 1
     ) -> list[np.ndarray]:
         """Rank `rank` of `dp`'s sample ids for the next `steps` global batches from the position in
         `sampler_state` (`ElasticSampler.state_dict()`), as the store's `ElasticSampler` computes them."""
         payload = {"sampler": {k: int(v) for k, v in dict(sampler_state).items()}, "dp": dp, "rank": rank,
                    "steps": steps}  # fmt: skip
-        ids = self.request("POST", f"/v1/datasets/{check_job(name)}/ids", payload)["ids"]
+        ids = self.transport.request("POST", f"/v1/datasets/{check_job(name)}/ids", payload)["ids"]
         return [np.asarray(step, dtype=np.int64) for step in ids]
 
     def read_samples(self, name: str, ids: Sequence[int] | np.ndarray, out: np.ndarray) -> None:
@@ -63,8 +57,8 @@ class DatasetClient(Transport):
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         if not isinstance(out, np.ndarray) or out.ndim != 2 or out.shape[0] != len(ids):
             raise BadRequestError(f"out must be an array of shape [{len(ids)}, seq+1]")
-        if self.is_local:
-            info = self.dataset_info(name)
+        if self.transport.is_local:
+            info = self.info(name)
             check_out(out, info["dtype"], Box.full((len(ids), info["seq"] + 1)))
             if ids.size and (ids.min() < 0 or ids.max() >= info["num_samples"]):
                 raise BadRequestError(
@@ -73,18 +67,18 @@ class DatasetClient(Transport):
             win = token_windows(self._corpus_map(info), info["seq"], info["num_samples"])
             gather(win, ids, out.view(NUMPY_DTYPE[info["dtype"]]))
             return
-        self.request(
+        self.transport.request(
             "POST", f"/v1/datasets/{check_job(name)}/read", {"ids": ids.tolist()}, reader=into([out])
         )
 
     def rank_samples(
         self, name: str, sampler_state: dict[str, int], dp: int, rank: int, steps: int = 1
     ) -> list[np.ndarray]:
-        """`dataset_ids` then `read_samples`: rank `rank`'s token windows of the next `steps` batches."""
-        info = self.dataset_info(name)
+        """`ids` then `read_samples`: rank `rank`'s token windows of the next `steps` batches."""
+        info = self.info(name)
         dtype, seq = NUMPY_DTYPE[info["dtype"]], info["seq"]
         out = []
-        for ids in self.dataset_ids(name, sampler_state, dp, rank, steps):
+        for ids in self.ids(name, sampler_state, dp, rank, steps):
             out.append(np.empty((len(ids), seq + 1), dtype=dtype))
             self.read_samples(name, ids, out[-1])
         return out

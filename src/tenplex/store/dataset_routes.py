@@ -9,9 +9,9 @@ import numpy as np
 from .daemon import Daemon, scratch
 from .datasets import Dataset, check_ids, gather, open_dataset, rank_view
 from .protocol import json_body
+from .read_body import PREAMBLE
 from .request import Request, RouteTable
 from .server import headers_for
-from .transport import PREAMBLE
 
 DATASET_ROUTES = RouteTable()
 route = DATASET_ROUTES.route

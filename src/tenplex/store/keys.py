@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from math import prod
+from urllib.parse import quote
 
 import numpy as np
 
@@ -118,3 +119,16 @@ def check_out(out: np.ndarray, dtype: str, box: Box) -> np.ndarray:
     if not same and out.dtype.name != dtype:
         raise BadRequestError(f"out has dtype {out.dtype}, the blob holds {dtype}")
     return out.view(want)
+
+
+def version_path(job: str, step: int) -> str:
+    """The route of a version, its names checked (a client's requests name versions and blobs this way)."""
+    return f"/v1/jobs/{check_job(job)}/versions/{check_step(step)}"
+
+
+def blob_path(job: str, step: int, name: str) -> str:
+    return f"{version_path(job, step)}/blobs/{quote(check_name(name), safe='')}"
+
+
+def save_query(save_id: str | None, sep: str = "?") -> str:
+    return "" if save_id is None else f"{sep}save_id={quote(save_id, safe='')}"

@@ -15,7 +15,7 @@ import sys
 from ..util import SizeError, logs, parse_size
 from ..util.collector import freeze_imports
 from .auth import token_file
-from .daemon import Daemon
+from .daemon import Daemon, StoreConfig
 from .errors import BadRequestError, StoreError
 from .routes import ROUTES
 from .transport import DEFAULT_PORT
@@ -87,8 +87,9 @@ def run(args: argparse.Namespace) -> int:
     limit, reserve = _size(args.memory_limit), _size(args.reserve)
     if reserve > limit:
         raise BadRequestError(f"--reserve ({args.reserve}) exceeds --memory-limit ({args.memory_limit})")
-    d = Daemon(ROUTES, args.host, args.port, limit, token, peers, args.replicas, args.advertise,
-               huge_pages=args.huge_pages, reserve=reserve)  # fmt: skip
+    config = StoreConfig(args.host, args.port, limit, token, peers, args.replicas, args.advertise,
+                         huge_pages=args.huge_pages, reserve=reserve)  # fmt: skip
+    d = Daemon(ROUTES, config)
     listen_unix(d)
 
     def stop(signum: int, frame: object) -> None:

@@ -2,10 +2,10 @@
 
 Entries are files, not blobs: small blobs are ranges of a few pack files (and `--reserve` ranges of one
 file), each mapped once whatever the blobs in it, and the daemon recycles files of freed blobs for new
-blobs of the same size, so a periodic writer or reader maps each file once (mapping costs about as much as
-copying); the oldest mappings are closed past `MAX_MAPS`. A mapping keeps its file's memory alive after
-the daemon unlinked the file (a pooled file trimmed, an empty pack removed), so every `SWEEP` seconds the
-cache drops the mappings of files that are gone.
+blobs of the same size, so a periodic writer or reader maps each file once, not at every save (a mapping
+is set up, pre-faulted and torn down per file); the oldest mappings are closed past `MAX_MAPS`. A mapping
+keeps its file's memory alive after the daemon unlinked the file (a pooled file trimmed, an empty pack
+removed), so every `SWEEP` seconds the cache drops the mappings of files that are gone.
 """
 
 from __future__ import annotations

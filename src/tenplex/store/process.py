@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from typing import TypedDict, Unpack
 
 from .client import StoreClient
 from .errors import StoreError, StoreUnavailable
@@ -83,16 +84,22 @@ def logged_stores(log: str) -> list[tuple[str, int | None]]:
         return []
 
 
+class Ring(TypedDict, total=False):
+    """The replication ring a started store joins (`--peers`, `--replicas`)."""
+
+    peers: list[str] | None
+    replicas: int
+
+
 def start_store(
     port: int = 0,
     host: str = "127.0.0.1",
     memory_limit: str = "16GiB",
     token_file: str | None = None,
-    peers: list[str] | None = None,
-    replicas: int = 0,
     extra: list[str] | None = None,
     timeout: float = 30.0,
     log: str | None = None,
+    **ring: Unpack[Ring],
 ) -> StoreProcess:
     """Launch `python -m tenplex.store` on `port` (0: a free one) and wait until it answers.
 
@@ -100,26 +107,16 @@ def start_store(
     runtime's stores survive a controller crash and are found again by the next controller). Without, it
     is tied to this process and stops, removing its shared memory, when this one ends, a crash included."""
     cmd = [sys.executable, "-m", "tenplex.store", "--host", host, "--port", str(port),
-           "--memory-limit", memory_limit, "--replicas", str(replicas)]  # fmt: skip
+           "--memory-limit", memory_limit, "--replicas", str(ring.get("replicas", 0))]  # fmt: skip
     if token_file:
         cmd += ["--token-file", token_file]
-    if peers:
-        cmd += ["--peers", ",".join(peers)]
+    if ring.get("peers"):
+        cmd += ["--peers", ",".join(ring["peers"] or [])]
     cmd += extra or []
-    line: list[str] = []
-    if log is None:  # tied to this process: it goes when this one ends, however that happens
-        cmd += ["--with-parent", str(os.getpid())]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
-        reader = threading.Thread(target=lambda: line.append(proc.stdout.readline() if proc.stdout else ""))
-        reader.daemon = True
-        reader.start()
-        reader.join(timeout)
+    if log is None:
+        proc, line = _launch_tied(cmd, timeout)
     else:
-        with open(log, "a") as out:
-            start = out.tell()  # the log may hold earlier stores' lines: read only this one's
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    text=True, start_new_session=True)  # fmt: skip
-        line = _ready_line(log, start, proc, timeout)
+        proc, line = _launch_apart(cmd, log, timeout)
     ready = announced(line[0]) if line else None
     if ready is None:
         proc.kill()
@@ -134,14 +131,40 @@ def start_store(
     if token_file:
         with open(token_file) as f:
             token = f.read().strip()
-    sp = StoreProcess(proc, url, token)
+    return _answering(StoreProcess(proc, url, token), timeout)
+
+
+def _launch_tied(cmd: list[str], timeout: float) -> tuple[subprocess.Popen[str], list[str]]:
+    """A store tied to this process (it goes when this one ends, however that happens), and its ready
+    line (none when it did not print one in time)."""
+    proc = subprocess.Popen([*cmd, "--with-parent", str(os.getpid())], stdout=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True)  # fmt: skip
+    line: list[str] = []
+    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline() if proc.stdout else ""))
+    reader.daemon = True
+    reader.start()
+    reader.join(timeout)
+    return proc, line
+
+
+def _launch_apart(cmd: list[str], log: str, timeout: float) -> tuple[subprocess.Popen[str], list[str]]:
+    """A store in a session of its own writing to `log`, and its ready line."""
+    with open(log, "a") as out:
+        start = out.tell()  # the log may hold earlier stores' lines: read only this one's
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                text=True, start_new_session=True)  # fmt: skip
+    return proc, _ready_line(log, start, proc, timeout)
+
+
+def _answering(sp: StoreProcess, timeout: float) -> StoreProcess:
+    """`sp` once it answers a health request (stopped, and the error raised, if it does not in time)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
             sp.shm_dir = sp.client().health()["shm_dir"]
             return sp
         except StoreError:
-            if time.monotonic() > deadline or proc.poll() is not None:
+            if time.monotonic() > deadline or sp.proc.poll() is not None:
                 sp.stop()
                 raise
             time.sleep(0.05)

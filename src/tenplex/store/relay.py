@@ -21,8 +21,9 @@ from typing import Any
 from .boxio import blob_array
 from .catalog import Blob, Catalog, check_save_id
 from .checksum import chunk_digests
-from .client import StoreClient, read_many
+from .client import StoreClient
 from .errors import BadRequestError, NotFoundError
+from .fanout import read_many
 from .keys import check_box, check_job, check_name, check_step
 
 Key = tuple[str, str, int, str, str, str]  # peer, job, step, blob, box, save id
@@ -65,7 +66,7 @@ class RelayCache:
             while len(got) < len(wanted):
                 self._round(peer, job, step, save_id, wanted, got)
         except BaseException:
-            self.catalog.release(got.values())
+            self.catalog.memory.release(got.values())
             raise
         seen: set[Key] = set()
         with self.catalog.lock:
@@ -86,7 +87,7 @@ class RelayCache:
                 if k in got:
                     continue
                 if k in self.blobs:
-                    got[k] = self.catalog.hold(self.blobs[k])
+                    got[k] = self.catalog.memory.hold(self.blobs[k])
                 elif k in self._pending:
                     others.append(self._pending[k])
                 else:
@@ -110,13 +111,13 @@ class RelayCache:
         with its last holder, never left in the cache."""
         with self._lock:
             for k, b in fetched.items():
-                got[k] = self.catalog.hold(b)
+                got[k] = self.catalog.memory.hold(b)
             stale = self._drops.get(job, 0) != drops
             if not stale:
                 self.blobs.update(fetched)
         if stale:
             for b in fetched.values():
-                self.catalog.drop(b)
+                self.catalog.memory.drop(b)
 
     def _pin(self, peer: str, job: str, step: int) -> str:
         """The save `peer` shows for (job, step) now: a request without a save id is served from it only."""
@@ -139,7 +140,7 @@ class RelayCache:
                     raise NotFoundError(f"{peer} has no blob {name!r} in {job}@{step}")
                 b = check_box(raw, tuple(info["shape"]))
                 made.append(
-                    self.catalog.new_blob(f"relay {peer} {job}@{step}/{name}", info["dtype"], b.shape)
+                    self.catalog.memory.new_blob(f"relay {peer} {job}@{step}/{name}", info["dtype"], b.shape)
                 )
                 reads.append(
                     (c, job, step, name, b, blob_array(memoryview(made[-1].mem), info["dtype"], b.shape))
@@ -148,7 +149,7 @@ class RelayCache:
             read_many(reads, FETCHES, save_id, sums)  # checked network reads (trailer checksums), batched
         except BaseException:
             for blob in made:
-                self.catalog.drop(blob)
+                self.catalog.memory.drop(blob)
             raise
         for blob, read in zip(made, reads):  # each piece's array is its whole blob, so those are its own
             known = sums.get(id(read[5]))
@@ -187,7 +188,7 @@ class RelayCache:
                 self._listings.pop(k, None)
                 del self._listing_locks[k]
         for b in gone:
-            self.catalog.drop(b)
+            self.catalog.memory.drop(b)
         return len(gone)
 
     def close(self) -> None:

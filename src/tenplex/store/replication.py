@@ -120,7 +120,7 @@ class Replicator:
             v.replication = "cancelled: the version was deleted or saved again"
             self._undo(push, e.peer)
         finally:
-            self.catalog.release(own)
+            self.catalog.memory.release(own)
             with self._lock:
                 if self._pushes.get((push.job, push.step)) is push:
                     del self._pushes[(push.job, push.step)]

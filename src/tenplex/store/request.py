@@ -85,6 +85,7 @@ class Request:
             raise BadRequestError("blob name is not UTF-8") from None
 
 
+# process-wide: a lease id is never reused, so a stale one names no other lease
 _lease_ids = itertools.count(1)
 Handler = Callable[[Any, Request], Any]
 

@@ -27,13 +27,13 @@ import resource
 import socket
 import threading
 import time
-from collections import Counter
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 
 from ..util import logs
+from .admission import Admission
 from .errors import AuthError, BadRequestError, NotFoundError, StoreError, StoreUnavailable, TooLargeError
 from .heads import Head, parse_head
 from .protocol import MAX_JSON, REASONS, Closed, Conn, json_body, peer_uid, trusted_uid
@@ -75,7 +75,7 @@ class Server:
     def __init__(self, host: str, port: int, token: str | None, routes: list[Route]) -> None:
         fds = raise_fd_limit()
         self.max_connections = max(8, min(MAX_CONNECTIONS, fds // 4))
-        self.max_per_peer = max(4, self.max_connections * 3 // 4)
+        self.admission = Admission(self.max_connections, MAX_UNAUTH, MAX_UNAUTH_PER_PEER)
         self.sock = socket.create_server((host, port), reuse_port=False, backlog=512)
         self.port = self.sock.getsockname()[1]
         self.token = token
@@ -91,10 +91,6 @@ class Server:
             "displaced": 0,  # unauthenticated connections closed to make room for newer ones
         }
         self.conns: set[socket.socket] = set()  # every open connection, to shut at close
-        self._peers: Counter[str] = Counter()  # authenticated connections by peer
-        self._authed = 0
-        self._unauth: dict[str, dict[Session, None]] = {}  # by peer, oldest first
-        self._n_unauth = 0
         self._lock = threading.Lock()
         self._spare = os.open(os.devnull, os.O_RDONLY)  # given up to shed a connection when out of fds
         self.unix_sock: socket.socket | None = None
@@ -167,7 +163,9 @@ class Server:
         oldest unauthenticated connection of the address holding the most."""
         s = Session(client, peer, authed=local or self.token is None)
         with self._lock:
-            victim = self._enter(s)
+            victim = self.admission.enter(s)
+            if victim is not None:  # an unauthenticated connection closed to make room
+                self.counters["displaced"] += 1
             if s.pool:
                 self.conns.add(client)
                 self.counters["accepted"] += 1
@@ -182,58 +180,6 @@ class Server:
         except RuntimeError:  # no thread to be had: same as no room
             self._forget(s)
             _reject(client, "out of threads")
-
-    def _enter(self, s: Session) -> Session | None:
-        """Put `s` in its pool (lock held; its `pool` stays "" when full); the connection it displaces."""
-        if s.authed:
-            if self._authed < self.max_connections and self._peers[s.peer] < self.max_per_peer:
-                self._count_authed(s)
-            return None
-        mine = self._unauth.setdefault(s.peer, {})
-        victim = None
-        if len(mine) >= MAX_UNAUTH_PER_PEER:
-            victim = next(iter(mine))
-        elif self._n_unauth >= MAX_UNAUTH:
-            victim = next(iter(max(self._unauth.values(), key=len)))
-        if victim is not None:
-            self._uncount(victim)
-            self.counters["displaced"] += 1
-        self._unauth.setdefault(s.peer, {})[s] = None
-        self._n_unauth += 1
-        s.pool = "unauth"
-        return victim
-
-    def _count_authed(self, s: Session) -> None:
-        self._authed += 1
-        self._peers[s.peer] += 1
-        s.authed, s.pool = True, "auth"
-
-    def _uncount(self, s: Session) -> None:
-        """Take `s` out of the pool it is counted in (lock held)."""
-        if s.pool == "auth":
-            self._authed -= 1
-            self._peers[s.peer] -= 1
-            if self._peers[s.peer] <= 0:
-                del self._peers[s.peer]
-        elif s.pool == "unauth":
-            mine = self._unauth[s.peer]
-            del mine[s]
-            if not mine:
-                del self._unauth[s.peer]
-            self._n_unauth -= 1
-        s.pool = ""
-
-    def promote(self, s: Session) -> None:
-        """`s` proved it holds the token: move it to the authenticated pool (StoreUnavailable when that
-        is full, or when it was displaced meanwhile)."""
-        with self._lock:
-            if s.pool == "auth":
-                return
-            room = self._authed < self.max_connections and self._peers[s.peer] < self.max_per_peer
-            if s.pool != "unauth" or not room:
-                raise StoreUnavailable("too many connections")
-            self._uncount(s)
-            self._count_authed(s)
 
     def _shed(self, sock: socket.socket) -> None:
         """Out of descriptors: free the spare one, accept the waiting connection and close it at once."""
@@ -279,15 +225,21 @@ class Server:
     def connection_stats(self) -> dict[str, int]:
         with self._lock:
             return {**self.counters, "connections": len(self.conns), "max_connections": self.max_connections,
-                    "unauthenticated": self._n_unauth}  # fmt: skip
+                    "unauthenticated": self.admission.unauthenticated}  # fmt: skip
 
     def end_leases(self, leases: dict[int, list[Any]]) -> None:
         """A connection closed with `leases` still held (a reader that died): the store releases them."""
 
+    def promote(self, s: Session) -> None:
+        """`s` proved it holds the token: move it to the authenticated pool (StoreUnavailable when that
+        is full, or when it was displaced meanwhile)."""
+        with self._lock:
+            self.admission.promote(s)
+
     def _forget(self, s: Session) -> None:
         with self._lock:
             self.conns.discard(s.sock)
-            self._uncount(s)
+            self.admission.leave(s)
 
     def _connection(self, s: Session) -> None:
         conn = Conn(s.sock)

@@ -4,10 +4,11 @@ blobs, handed out and taken back without a system call.
 Why: a blob in a file of its own costs a file, an allocation and fresh pages the first time its size is
 seen. Fresh pages are zeroed by the kernel on first touch and, on a virtual machine, may first have to come
 back from the host, and every small blob costs system calls. In the reference pp change (two ranks saving
-1.2 GB in about 300 blobs into one store) the first save's copy phase, which includes the allocation, took
-0.23 s against 0.09 s for the second save into recycled files; with ranges it takes 0.09 s both times
-(`save_phases_first` in `python benchmarks/bench_reconfig.py --pairs pp --hosts 1 --no-dcp`). Ranges of one
-file touched at start cost neither: taking one is a list operation and its pages are backed already.
+1.2 GB in about 300 blobs into one store) the first save's copy phase, which includes the allocation, takes
+far longer than the second save's into recycled files; with ranges both take as long as the second
+(`save_phases_first` against `save_phases` in results/bench_reconfig.json, from
+`python benchmarks/bench_reconfig.py --pairs pp --hosts 1 --no-dcp`). Ranges of one file touched at start
+cost neither: taking one is a list operation and its pages are backed already.
 
 A range's content is undefined when it is handed out (like np.empty). A freed range goes back to the free
 list (merged with its neighbours) only when no request holds its blob (the catalog counts them); a range a
@@ -16,7 +17,7 @@ given back to the kernel and the offsets are never handed out again. Pages given
 (`punch`) leave holes that are never handed out again either, so every range handed out is backed.
 
 A *pack* (`sparse=True`) is the same allocator over a sparse file that holds small blobs (see
-`shm.Arena`): its ranges start as holes and are backed when handed out (`MADV_POPULATE_WRITE` on the
+`arena.Arena`): its ranges start as holes and are backed when handed out (`MADV_POPULATE_WRITE` on the
 daemon's mapping, 4 KiB pages: a pack is mapped `MADV_NOHUGEPAGE`, so a 100-byte blob never takes a huge
 page); pages given back to make room become holes again, handed out again later (backed anew: zeros).
 Retired ranges are never handed out again here either.

@@ -2,9 +2,10 @@
 
 Why: on `/dev/shm` (4 KiB pages, no transparent huge pages for shared memory on most distributions) a
 blob's first write pays page allocation and a fault per 4 KiB page in the daemon and again in the client,
-~1.2-1.7 GB/s against ~13 GB/s for a copy. A tmpfs mounted with `huge=within_size` backs every blob's
-2 MiB-aligned part with huge pages: mapping takes 0.2 ms instead of ~28 ms per 256 MiB, copies into it run
-at memory speed, and small blobs still take 4 KiB pages (no 2 MiB of memory per bias vector).
+far below the speed of a copy. A tmpfs mounted with `huge=within_size` backs every blob's 2 MiB-aligned
+part with huge pages: mapping is far cheaper, copies into it run at memory speed, and small blobs still
+take 4 KiB pages (no 2 MiB of memory per bias vector). Measured by `python benchmarks/bench_store.py`: the
+"shm first write" rows, /dev/shm against the huge-page tmpfs, in results/bench_store.json.
 
 The tmpfs is mounted in a mount namespace of the daemon's own (`unshare(CLONE_NEWNS)`), on the same
 `/dev/shm/tenplex-<tag>-<pid>` directory the plain arena uses, which stays empty from outside. Other
@@ -14,8 +15,9 @@ the kernel frees the memory once no client maps a file; what is left is the empt
 `StoreProcess` or the next start removes. Mounting needs root (CAP_SYS_ADMIN); elsewhere the store falls
 back to a plain directory on `/dev/shm` with a one-line notice.
 
-Fresh huge pages are slow to get the first time (the kernel compacts memory: ~0.45 GB/s measured here), so
-`--reserve SIZE` takes that much at start in a file of its own, whose ranges then hold blobs (`slab`).
+Fresh huge pages are slow to get the first time (the kernel compacts memory; the same rows, with and
+without `--reserve`), so `--reserve SIZE` takes that much at start in a file of its own, whose ranges then
+hold blobs (`slab`).
 """
 
 from __future__ import annotations

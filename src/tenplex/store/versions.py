@@ -11,9 +11,9 @@ from math import prod
 from typing import Any
 
 from ..ptc import item_size
+from .arena import Place
 from .checksum import CHUNK
 from .errors import BadRequestError
-from .shm import Place
 
 ANY: Any = object()  # "whichever save this store shows for the step"
 _SAVE_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")

@@ -14,7 +14,20 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "tenplex"
-CHECKED = ("store",)  # packages of `tenplex` held to the limits
+# packages of `tenplex` held to the limits; runtime waits for its controller to go to the agents (issue 27)
+CHECKED = (
+    "cli",
+    "data",
+    "dcp",
+    "deploy",
+    "integrations",
+    "planner",
+    "ptc",
+    "store",
+    "train",
+    "transformer",
+    "util",
+)
 MAX_FUNCTION = 60
 MAX_MODULE = 400
 

@@ -135,7 +135,7 @@ BAD = [
     ("box garbage", read_req("all"), 400),
     ("too many boxes", read_req(None, n=5000), 413),
     ("unknown blob", read_req(None, "zz"), 404),
-    ("bad dtype", req("PUT", "/v1/jobs/b/versions/1/blobs/x?dtype=complex64&shape=1", b"12345678"), 400),
+    ("bad dtype", req("PUT", "/v1/jobs/b/versions/1/blobs/x?dtype=float13&shape=1", b"12345678"), 400),
     ("bad shape", req("PUT", "/v1/jobs/b/versions/1/blobs/x?dtype=int8&shape=a,b", b"1"), 400),
     ("negative shape", req("PUT", "/v1/jobs/b/versions/1/blobs/x?dtype=int8&shape=-1", b"1"), 400),
     ("wrong body size", req("PUT", "/v1/jobs/b/versions/1/blobs/x?dtype=int8&shape=4", b"123"), 400),

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from ..ptc import TenplexError
@@ -25,6 +24,7 @@ from ..transformer.stores import client, resolve
 from ..transformer.world import init_distributed
 from ..util import env
 from . import rounds
+from .control import any_rank, from_every_rank, sum_over_ranks
 from .records import Records
 from .spec import OPEN_END, WorkerSpec, job_name
 
@@ -77,7 +77,7 @@ class ElasticJob:
     job.finish(state, step)                  # the final save the next layout loads from
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the public constructor: every argument a keyword with a default
         self,
         name: str | None = None,
         *,
@@ -204,7 +204,7 @@ class ElasticJob:
         self._load_seconds, self.resumed = info.seconds, True
         if info.source == "memory":  # loaded from a DCP checkpoint, the stores do not hold this step yet
             self.saved = info.step
-        moved = _sum_over_ranks(info.bytes)
+        moved = sum_over_ranks(info.bytes)
         self.record(
             "loaded",
             step=info.step,
@@ -234,7 +234,7 @@ class ElasticJob:
             raise PhaseCancelled()
         if not self._ready:
             self._ready = True
-            every = _from_every_rank(self._init_at, os.getpid(), self._go_at)
+            every = from_every_rank(self._init_at, os.getpid(), self._go_at)
             last = max(init for init, _, _ in every)
             group = max(0.0, self._init_at + self._group_seconds - last)
             go_at = max(go for _, _, go in every)
@@ -363,26 +363,6 @@ def _state(state: State) -> dict[str, Any]:
     return state() if callable(state) else state
 
 
-def _on_backend(t: torch.Tensor) -> torch.Tensor:
-    """Control values go where the default group's backend can reduce them (NCCL: this rank's GPU)."""
-    return t.cuda() if dist.get_backend() == "nccl" else t
-
-
-def _sum_over_ranks(values: dict[str, float]) -> dict[str, float]:
-    keys = sorted(values)
-    t = _on_backend(torch.tensor([float(values[k]) for k in keys], dtype=torch.float64))
-    dist.all_reduce(t)
-    return dict(zip(keys, t.tolist()))
-
-
-def _from_every_rank(*values: float) -> list[list[float]]:
-    """`values` of every rank, in rank order (float64: exact for times and PIDs)."""
-    mine = _on_backend(torch.tensor(values, dtype=torch.float64))
-    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(every, mine)
-    return [t.tolist() for t in every]
-
-
 TURN_POLL_S = 0.005  # how often a rank started ahead looks for its go (or cancel) file
 FAILURE_WAIT_S = 120.0  # a controller that never fires the failure it announced: the rank ends with an error
 
@@ -401,6 +381,4 @@ def _stop_requested(path: str | None) -> bool:
     """Rank 0 looks for the stop file, every rank kept by a `tenplex agent` asks its agent; all ranks agree
     through one all-reduce, so they stop together."""
     asked = bool(path and dist.get_rank() == 0 and os.path.exists(path)) or rounds.stop_asked()
-    flag = _on_backend(torch.tensor([1.0 if asked else 0.0]))
-    dist.all_reduce(flag)
-    return bool(flag.item())
+    return any_rank(asked)

@@ -30,7 +30,7 @@ from .tree import expand, flatten, restore
 
 
 @collector.paused()
-def load(  # noqa: PLR0913, RUF100 (the public signature, DCP-shaped: every option by keyword)
+def load(  # noqa: PLR0913 (the public signature, DCP-shaped: every option by keyword)
     state_dict: dict[str, Any],
     job: str,
     step: int | None = None,

@@ -1,6 +1,5 @@
-"""The house rules the linters cannot check: no function over 60 lines, no module over 400 lines, and no
-measured figure in a comment or docstring (figures live in `results/` and the docs generated from them;
-a comment names the benchmark instead)."""
+"""A house rule the linters cannot check: no measured figure in a comment or docstring (figures live in
+`results/` and the docs generated from them; a comment names the benchmark instead)."""
 
 from __future__ import annotations
 

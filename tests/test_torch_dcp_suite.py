@@ -33,8 +33,8 @@ SUBSET = " or ".join(
 
 
 def _check(keyword: str | None) -> None:
-    fs = suite.run(suite.TESTS, False, keyword, 1200)
-    st = suite.run(suite.TESTS, True, keyword, 1200)
+    fs = suite.run(suite.TESTS, False, keyword, 180)
+    st = suite.run(suite.TESTS, True, keyword, 180)
     res = suite.compare(fs, st)
     assert res["fs_passed"] > 0, fs
     assert res["lost"] == [], res

@@ -12,6 +12,7 @@ import io
 import os
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +58,10 @@ class StoreWriter(StorageWriter):
     path mapped to a job and step by `tenplex.dcp.location`. `store`: this rank's store (default
     $TENPLEX_STORE, else the local default). `keep`: after the commit, keep only the newest `keep`
     committed versions. `overwrite`: replace a committed step (DCP's default), or raise as DCP does.
+    `_extensions`: DCP's stream transforms (`ZStandard`, ...), accepted so that a `FileSystemWriter`'s
+    arguments carry over, and not applied: a store keeps the bytes as written, for loads that read any byte
+    range of them (a compressed stream can only be read whole); DCP's readers learn a checkpoint's
+    transforms from its metadata, so a reader needs nothing either.
     """
 
     def __init__(
@@ -68,6 +73,7 @@ class StoreWriter(StorageWriter):
         store: str | None = None,
         keep: int | None = None,
         overwrite: bool = True,
+        _extensions: Sequence[Any] | None = None,
     ) -> None:
         super().__init__()
         self.job = None if job is None else check_job(job)

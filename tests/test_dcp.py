@@ -135,6 +135,19 @@ def test_checkpoint_id_is_a_location_and_bad_names_are_refused(tmp_path):
         assert location(plain)[1] == 0 and location(plain)[0] != location(tmp_path / "latest0")[0]
         _load(got, StoreReader(checkpoint_id=str(plain) + "/", store=a.url))
         assert torch.equal(got["w"], torch.full((2,), 5.0))
+        # the metadata names the save as DCP's file system does: the path it was given, its save id
+        writer, reader = (
+            StoreWriter(checkpoint_id=plain, store=a.url),
+            StoreReader(checkpoint_id=plain, store=a.url),
+        )
+        _save({"w": torch.ones(2)}, writer)
+        meta = reader.read_metadata().storage_meta
+        assert (meta.checkpoint_id, meta.save_id, meta.load_id) == (
+            str(plain),
+            writer.save_id,
+            reader.load_id,
+        )
+        assert StoreReader("ids", 1, store=a.url).read_metadata().storage_meta.checkpoint_id == "ids@1"
     with pytest.raises(BadRequestError, match="invalid job name"):
         StoreWriter("a/b", 1)
     with pytest.raises(BadRequestError, match="invalid version"):

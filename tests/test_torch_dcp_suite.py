@@ -22,12 +22,13 @@ copied = pytest.mark.skipif(
 )
 
 # no-dist (and with DCP's ZStandard transform), the default storage from a checkpoint_id, conversion
-# (planner_data), bytes over 2 ranks
+# (planner_data), bytes over 2 ranks, the metadata's checkpoint id and save id
 SUBSET = " or ".join(
     [
         "test_read_write_only_tensor_thread_count_1",
         "test_dcp_to_torch_save",
         "test_save_load_bytes_thread_count_1",
+        "test_storage_meta",
     ]
 )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -34,8 +35,8 @@ SUBSET = " or ".join(
 
 
 def _check(keyword: str | None) -> None:
-    fs = suite.run(suite.TESTS, False, keyword, 180)
-    st = suite.run(suite.TESTS, True, keyword, 180)
+    with ThreadPoolExecutor(2) as pool:  # the two variants at once: each is a pytest process of its own
+        fs, st = pool.map(lambda stores: suite.run(suite.TESTS, stores, keyword, 180), (False, True))
     res = suite.compare(fs, st)
     assert res["fs_passed"] > 0, fs
     assert res["lost"] == [], res

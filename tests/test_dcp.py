@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
@@ -12,6 +13,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from launch import on_two_hosts
 from tenplex.dcp import StoreReader, StoreWriter, location
+from tenplex.ptc import Box
 from tenplex.store import BadRequestError, ChecksumError, start_store
 from tenplex.transformer import StateError
 
@@ -133,6 +135,19 @@ def test_checkpoint_id_is_a_location_and_bad_names_are_refused(tmp_path):
         assert location(plain)[1] == 0 and location(plain)[0] != location(tmp_path / "latest0")[0]
         _load(got, StoreReader(checkpoint_id=str(plain) + "/", store=a.url))
         assert torch.equal(got["w"], torch.full((2,), 5.0))
+        # the metadata names the save as DCP's file system does: the path it was given, its save id
+        writer, reader = (
+            StoreWriter(checkpoint_id=plain, store=a.url),
+            StoreReader(checkpoint_id=plain, store=a.url),
+        )
+        _save({"w": torch.ones(2)}, writer)
+        meta = reader.read_metadata().storage_meta
+        assert (meta.checkpoint_id, meta.save_id, meta.load_id) == (
+            str(plain),
+            writer.save_id,
+            reader.load_id,
+        )
+        assert StoreReader("ids", 1, store=a.url).read_metadata().storage_meta.checkpoint_id == "ids@1"
     with pytest.raises(BadRequestError, match="invalid job name"):
         StoreWriter("a/b", 1)
     with pytest.raises(BadRequestError, match="invalid version"):
@@ -156,6 +171,20 @@ def test_a_snapshot_loads_into_another_dtype_as_dcp_converts():
         got = {"w": torch.zeros(4, 3, dtype=torch.bfloat16)}
         _load(got, StoreReader("conv", store=a.url))
         assert got["w"].dtype == torch.bfloat16 and torch.equal(got["w"], w.to(torch.bfloat16))
+
+
+def test_dcp_stream_transforms_are_taken_and_the_bytes_kept_as_written():
+    from torch.distributed.checkpoint._extension import ZStandard
+
+    with start_store() as a:
+        w = torch.rand(4, 3)
+        _save({"w": w, "n": [1, 2]}, StoreWriter("ext", 1, store=a.url, _extensions=[ZStandard()]))
+        got = {"w": torch.zeros(4, 3), "n": []}
+        _load(got, StoreReader("ext", store=a.url))
+        assert torch.equal(got["w"], w) and got["n"] == [1, 2]
+        out = np.empty((2, 3), np.float32)  # rows 1-2 of the blob: the stored bytes are the tensor's own
+        a.client().read_box("ext", 1, "r0/w", Box((1, 0), (3, 3)), out)
+        assert np.array_equal(out, w[1:3].numpy())
 
 
 DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,

@@ -5,7 +5,9 @@ storage for tenplex's before any test imports it: `FileSystemWriter(path, ...)` 
 `StoreWriter(checkpoint_id=path)`, `FileSystemReader(path, ...)` becomes `StoreReader(checkpoint_id=path)`,
 in every module that hands them out (`torch.distributed.checkpoint`, its `filesystem` module, the default
 storage `dcp.save(checkpoint_id=...)` picks, and the format converters). The tests and their assertions are
-untouched; the options that shape files (thread counts, extensions, formats) have nothing to shape in a store.
+untouched; `overwrite` and `_extensions` go to `StoreWriter` (which takes DCP's stream transforms and keeps
+the bytes as written); the options that shape files (thread counts, one file per rank, the reader's
+extension registry) have nothing to shape in a store.
 """
 
 from __future__ import annotations
@@ -26,9 +28,14 @@ def install() -> None:
 
     class FileSystemWriter(StoreWriter):
         def __init__(
-            self, path: str | os.PathLike, *args: Any, overwrite: bool = True, **kwargs: Any
+            self,
+            path: str | os.PathLike,
+            *args: Any,
+            overwrite: bool = True,
+            _extensions: Any = None,
+            **kwargs: Any,
         ) -> None:
-            super().__init__(checkpoint_id=path, overwrite=overwrite)
+            super().__init__(checkpoint_id=path, overwrite=overwrite, _extensions=_extensions)
 
         @classmethod
         def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:

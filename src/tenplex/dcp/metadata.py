@@ -32,7 +32,8 @@ try:  # the version DCP's own file system writer stamps; absent in some releases
 except ImportError:  # pragma: no cover
     CURRENT_DCP_VERSION = None
 
-# manifest key written by StoreWriter: {"bytes": {fqn: [holder, nbytes]}, "planner_data": encoded}
+# manifest key written by StoreWriter: {"bytes": {fqn: [holder, nbytes]}, "planner_data": encoded,
+# "checkpoint_id": the path the save was given}
 DCP_SECTION = "dcp"
 
 
@@ -95,7 +96,8 @@ def to_metadata(manifest: dict[str, Any]) -> tuple[Metadata, PTC]:
         planner_data=value_codec.decode(section["planner_data"]) if "planner_data" in section else None,
         storage_data=storage,
         storage_meta=StorageMeta(
-            checkpoint_id=f"{manifest['job']}@{manifest['step']}", save_id=manifest.get("save_id")
+            checkpoint_id=section.get("checkpoint_id", f"{manifest['job']}@{manifest['step']}"),
+            save_id=manifest.get("save_id"),
         ),
         version=CURRENT_DCP_VERSION,
     )

@@ -12,6 +12,7 @@ import io
 import os
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +58,10 @@ class StoreWriter(StorageWriter):
     path mapped to a job and step by `tenplex.dcp.location`. `store`: this rank's store (default
     $TENPLEX_STORE, else the local default). `keep`: after the commit, keep only the newest `keep`
     committed versions. `overwrite`: replace a committed step (DCP's default), or raise as DCP does.
+    `_extensions`: DCP's stream transforms (`ZStandard`, ...), accepted so that a `FileSystemWriter`'s
+    arguments carry over, and not applied: a store keeps the bytes as written, for loads that read any byte
+    range of them (a compressed stream can only be read whole); DCP's readers learn a checkpoint's
+    transforms from its metadata, so a reader needs nothing either.
     """
 
     def __init__(
@@ -68,6 +73,7 @@ class StoreWriter(StorageWriter):
         store: str | None = None,
         keep: int | None = None,
         overwrite: bool = True,
+        _extensions: Sequence[Any] | None = None,
     ) -> None:
         super().__init__()
         self.job = None if job is None else check_job(job)
@@ -77,12 +83,14 @@ class StoreWriter(StorageWriter):
         self.save_id = uuid.uuid4().hex
         self.rank = 0
         self._ranks: list[dict[str, Any]] = []
+        self._named: str | None = None  # the checkpoint_id path, as DCP's metadata names it
         if checkpoint_id is not None:
             self.reset(checkpoint_id)
 
     def reset(self, checkpoint_id: str | os.PathLike | int | None = None) -> None:
         if checkpoint_id is not None:
             self.job, self.step = location(checkpoint_id, self.job)
+            self._named = None if isinstance(checkpoint_id, int) else os.fspath(checkpoint_id)
         self.save_id = uuid.uuid4().hex  # tells this save's commits from an abandoned attempt at the step
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
@@ -93,7 +101,9 @@ class StoreWriter(StorageWriter):
             raise StateError("StoreWriter needs a job and a step: StoreWriter(job, step), or a checkpoint_id")
 
     def storage_meta(self) -> StorageMeta | None:
-        return StorageMeta(checkpoint_id=f"{self.job}@{self.step}", save_id=self.save_id)
+        """The save's id, and its checkpoint id: the path it was given (as DCP's file system names it,
+        which a load's metadata gives back), else `job@step`."""
+        return StorageMeta(checkpoint_id=self._named or f"{self.job}@{self.step}", save_id=self.save_id)
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         for item in plan.items:
@@ -175,7 +185,8 @@ class StoreWriter(StorageWriter):
         stores = sorted(blobs)
         manifest = make_manifest(self.job, self.step, ptc)
         manifest.update(save_id=self.save_id, stores=stores)  # DCP's storage_meta carries this save id
-        manifest[DCP_SECTION] = {"bytes": raw, **planner_data(metadata)}
+        named = {"checkpoint_id": self._named} if self._named else {}
+        manifest[DCP_SECTION] = {"bytes": raw, **named, **planner_data(metadata)}
         # where each store copies its committed versions, so a load can find them when it dies
         manifest["replicas"] = {u: client(u).health().get("replicas", []) for u in stores}
         for url in stores:

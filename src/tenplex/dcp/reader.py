@@ -176,27 +176,7 @@ class StoreReader(StorageReader):
         data = plan.storage_data
         step, own = data["step"], client(self.url)
         try:
-            tensors, values = [], []
-            direct, relayed = [], []
-            for item, src in zip(plan.items, data["sources"]):
-                s = self.storage[item.storage_index]
-                if item.type == LoadItemType.BYTE_IO:
-                    if src is None:
-                        planner.load_bytes(item, s.value_bytes())
-                        continue
-                    out = np.empty(s.box.shape, np.uint8)
-                    values.append((item, out))
-                else:
-                    target = planner.resolve_tensor(item).detach()
-                    staged = _staging(target, self._chosen[2].tensors[s.name].dtype)
-                    out = staged.array if staged.array.flags.c_contiguous else np.empty_like(staged.array)
-                    tensors.append((item, target, staged, out))
-                url, blob, relay = src
-                box = _range(item, s)
-                if relay:
-                    relayed.append((url, blob, box, out))
-                else:
-                    direct.append((client(url), self.job, step, blob, box, out))
+            values, tensors, direct, relayed = self._reads(plan, planner)
             self.relayed = len(relayed)
             try:
                 sid = self._chosen[1].get("save_id")  # every read of the chosen save only
@@ -214,19 +194,36 @@ class StoreReader(StorageReader):
                         own.drop_relay(self.job, step)
                     except StoreError:
                         pass
-        for item, out in values:
-            planner.load_bytes(item, io.BytesIO(out.tobytes()))
-        for item, target, staged, out in tensors:
-            if out is not staged.array:
-                np.copyto(staged.array, out)
-            if staged.tensor is target:
-                staged.finish()
-            else:  # the snapshot's dtype differs: converted as DCP's own readers do, by `copy_`
-                target.copy_(staged.tensor)
-            planner.commit_tensor(item, target)
+        _deliver(values, tensors, planner)
         fut: Future[None] = Future()
         fut.set_result(None)
         return fut
+
+    def _reads(self, plan: LoadPlan, planner: LoadPlanner) -> tuple[list, list, list, list]:
+        """Where each item of `plan` lands (values: bytes for DCP; tensors: staged targets) and the reads
+        that fill them, direct and relayed; values this rank's own manifest holds are handed over now."""
+        data = plan.storage_data
+        values, tensors, direct, relayed = [], [], [], []
+        for item, src in zip(plan.items, data["sources"]):
+            s = self.storage[item.storage_index]
+            if item.type == LoadItemType.BYTE_IO:
+                if src is None:
+                    planner.load_bytes(item, s.value_bytes())
+                    continue
+                out = np.empty(s.box.shape, np.uint8)
+                values.append((item, out))
+            else:
+                target = planner.resolve_tensor(item).detach()
+                staged = _staging(target, self._chosen[2].tensors[s.name].dtype)
+                out = staged.array if staged.array.flags.c_contiguous else np.empty_like(staged.array)
+                tensors.append((item, target, staged, out))
+            url, blob, relay = src
+            box = _range(item, s)
+            if relay:
+                relayed.append((url, blob, box, out))
+            else:
+                direct.append((client(url), self.job, data["step"], blob, box, out))
+        return values, tensors, direct, relayed
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
@@ -239,6 +236,21 @@ def _staging(target: torch.Tensor, stored: str) -> Staged:
     if DTYPES.get(target.dtype) == stored:
         return Staged(target, fill=False)
     return Staged(torch.empty(target.shape, dtype=TORCH_DTYPES[stored]), fill=False)
+
+
+def _deliver(values: list, tensors: list, planner: LoadPlanner) -> None:
+    """The bytes read, handed to DCP's planner: values as streams, tensors written into their targets
+    (converted by `copy_` where the snapshot's dtype differs, as DCP's own readers do)."""
+    for item, out in values:
+        planner.load_bytes(item, io.BytesIO(out.tobytes()))
+    for item, target, staged, out in tensors:
+        if out is not staged.array:
+            np.copyto(staged.array, out)
+        if staged.tensor is target:
+            staged.finish()
+        else:
+            target.copy_(staged.tensor)
+        planner.commit_tensor(item, target)
 
 
 def _range(item: Any, s: Stored) -> Box:

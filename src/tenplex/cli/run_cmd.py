@@ -201,7 +201,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_network_args(p)
     p.set_defaults(func=run)
 
-    what = "the elastic demo job (about a minute on 2 cores): dp, tp and pp changes, a redeploy, a failure"
+    what = "the elastic demo job (about 30 s on 2 cores): dp, tp and pp changes, a redeploy, a failure"
     d = sub.add_parser("demo", help=f"{what}, then a static run to compare with")
     d.add_argument("--run-dir", default="runs/demo", help="where both runs, the plot and the summary go")
     d.add_argument("--model", default="tiny", help="GPT preset (tiny, small, base, ...)")

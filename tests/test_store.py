@@ -1034,3 +1034,23 @@ def test_the_longest_blob_name_works_on_every_route_and_one_byte_more_is_a_bad_r
         for call in refused:
             with pytest.raises(BadRequestError, match=r"\(1025 bytes\): printable, 1..1024 bytes of UTF-8$"):
                 call()
+
+
+def test_a_second_sigterm_does_not_cut_a_stores_cleanup_short(request):
+    """Seen by `tenplex stop`: a store sent SIGTERM again while it shut down left its shared-memory
+    directory behind. The first signal starts the shutdown; later ones are ignored until it is done."""
+    from tenplex.store.shm import shm_root
+
+    job = job_name(request)
+    items = [(f"b{i}", np.full(256 << 10, i, np.uint8), None) for i in range(64)]  # 16 MiB in 64 files
+    for delay in (0.0, 0.005, 0.02):
+        sp = start_store(memory_limit="1GiB")
+        sp.client().write_blobs(job, 1, items)
+        shm = Path(shm_root()) / f"tenplex-{sp.url.rsplit(':', 1)[1]}-{sp.proc.pid}"
+        assert shm.is_dir()
+        sp.proc.send_signal(15)
+        time.sleep(delay)
+        if sp.proc.poll() is None:
+            sp.proc.send_signal(15)
+        assert sp.proc.wait(timeout=30) == 0, delay
+        assert not shm.exists(), (delay, sorted(p.name for p in shm.iterdir())[:5])

@@ -93,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
     listen_unix(d)
 
     def stop(signum: int, frame: object) -> None:
+        # once: a second SIGTERM (a `kill` repeated, a stop and a parent's end together) must not cut the
+        # cleanup that removes the store's shared memory short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         raise _Shutdown
 
     signal.signal(signal.SIGTERM, stop)

@@ -9,8 +9,9 @@ what `tenplex.save` wrote. A `checkpoint_id` path names a job and a step (`locat
 DCP's file system passes its folders through unchanged.
 """
 
+from ..transformer.errors import CheckpointExistsError
 from .location import location
 from .reader import StoreReader
-from .writer import CheckpointExistsError, StoreWriter
+from .writer import StoreWriter
 
 __all__ = ["CheckpointExistsError", "StoreReader", "StoreWriter", "location"]

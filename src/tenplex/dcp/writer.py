@@ -25,8 +25,8 @@ from torch.futures import Future
 
 from ..ptc import Box
 from ..ptc import values as value_codec
-from ..store import NotFoundError, StoreClient
 from ..store.keys import check_job, check_step
+from ..transformer.commit import replace_committed
 from ..transformer.errors import StateError
 from ..transformer.gathered import RankShards, blob_name, build_ptc, describe
 from ..transformer.shards import DTYPES, Staged
@@ -34,11 +34,6 @@ from ..transformer.snapshot import make_manifest
 from ..transformer.stores import client, resolve
 from .location import location
 from .metadata import DCP_SECTION, planner_data
-
-
-class CheckpointExistsError(StateError, RuntimeError):
-    """The step a save names is committed and the writer was told not to overwrite it (DCP raises a
-    RuntimeError there too)."""
 
 
 @dataclass(frozen=True)
@@ -112,7 +107,7 @@ class StoreWriter(StorageWriter):
                     f"tensor {item.index.fqn!r} has dtype {item.tensor_data.properties.dtype}, "
                     "which tenplex cannot store"
                 )
-        _replace_committed(client(self.url), self.job, self.step, self.overwrite)  # before plans are gathered
+        replace_committed(client(self.url), self.job, self.step, self.overwrite)  # before plans are gathered
         device = describe(self.url, {}, {}).device
         info = {"store": self.url, "device": device, "at": (self.job, self.step)}
         return dataclasses.replace(plan, storage_data=info)
@@ -209,16 +204,3 @@ def _as_value(raw: np.ndarray, holder: int) -> Written:
     except Exception:
         return Written(None, holder=holder)
     return Written(None, value, True, holder)
-
-
-def _replace_committed(own: StoreClient, job: str, step: int, overwrite: bool) -> None:
-    """DCP's `save` to a checkpoint id that names a committed step replaces it (its writers carry no
-    common save id to keep the old save readable beside the new one, as `tenplex.save` does), or raises
-    as DCP's file system does when `overwrite` is False."""
-    if step in own.versions(job):
-        if not overwrite:
-            raise CheckpointExistsError(f"checkpoint {job}@{step} already exists and overwrite=False")
-        try:
-            own.delete_version(job, step)
-        except NotFoundError:  # another rank on this host deleted it first
-            pass

@@ -26,12 +26,14 @@ from typing import Any
 from .hosts import host_of
 from .phase import Phase
 
+SHOWN_FROM_S = 0.005  # a part shorter than this in every change is folded into `other`
 PARTS = ("stop", "save", "go", "exit", "persist", "start", "process_group", "build", "load", "first_step")
 
 
 def shown_parts(reconfigs: list[dict[str, Any]]) -> list[str]:
-    """The parts worth a column of the table or a colour of the plot: 5 ms or more in some change."""
-    return [p for p in (*PARTS, "other") if any(abs(r["parts"].get(p, 0.0)) >= 0.005 for r in reconfigs)]
+    """The parts worth a column of the table or a colour of the plot: SHOWN_FROM_S or more in some change."""
+    big = {p for r in reconfigs for p, v in r["parts"].items() if abs(v) >= SHOWN_FROM_S}
+    return [p for p in (*PARTS, "other") if p in big]
 
 
 def _first(phase: Phase, kind: str) -> dict | None:

@@ -35,6 +35,11 @@ ROOT_PREFIX = "tpx-"  # every namespace tenplex creates starts with this
 SUBNET = "10.77.0"  # private; each run's bridge is isolated in its own namespace, so runs may reuse it
 NIC = "nic0"  # the host's interface, the same name in every host (GLOO_SOCKET_IFNAME)
 MAX_HOSTS = 250
+# the shaper's token bucket (tc-tbf): a burst of at least one GSO packet and of TBF_BURST_S of line rate,
+# packets queued up to TBF_LATENCY before they are dropped
+TBF_MIN_BURST = 256 << 10
+TBF_BURST_S = 0.002
+TBF_LATENCY = "50ms"
 
 
 class NetnsError(TenplexError):
@@ -195,9 +200,9 @@ class Network:
             parent = ["parent", "1:1"]
         if self.gbps:
             rate = self.gbps * 1e9 / 8  # bytes/s
-            burst = max(256 << 10, int(rate * 0.002))  # >= a GSO packet; 2 ms of line rate
+            burst = max(TBF_MIN_BURST, int(rate * TBF_BURST_S))
             self._tc(ns, "qdisc", "add", "dev", dev, *parent, "handle", "2:", "tbf", "rate",
-                     f"{int(self.gbps * 1e9)}bit", "burst", str(burst), "latency", "50ms")  # fmt: skip
+                     f"{int(self.gbps * 1e9)}bit", "burst", str(burst), "latency", TBF_LATENCY)  # fmt: skip
 
     def popen(self, name: str, command: list[str], **kw) -> subprocess.Popen:
         """Start `command` inside host `name` (its own network; the machine's files and shared memory).

@@ -21,6 +21,7 @@ import pytest
 
 from tenplex.runtime import netns
 from tenplex.runtime.agent_hosts import AgentJob, Hosts, downtimes, reference_target, rounds, trained
+from tenplex.runtime.durable_tier import newest_checkpoint
 from tenplex.runtime.report import ledger
 
 pytestmark = pytest.mark.dist
@@ -132,6 +133,36 @@ def test_agents_join_lose_a_host_rejoin_and_leave(tmp_path, static) -> None:
 
 def _records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "agent.jsonl").read_text().splitlines()]
+
+
+def test_every_host_lost_resumes_from_the_persisted_checkpoint(tmp_path, static) -> None:
+    """`--persist-every 1`: node 0's agent writes each snapshot it sees as a DCP checkpoint. When every
+    host is lost at once (agent, workers and store killed: no replica survives), an agent on a new host
+    resumes from the newest checkpoint, not from step 0, and the losses after it equal the static run's."""
+    hosts = Hosts(tmp_path)
+    durable = tmp_path / "durable"
+    flags = ["--persist-every", "1", "--persist-dir", str(durable)]
+    job = AgentJob(hosts, "kept", _target(tmp_path, "kept", 0.05), nodes="1", extra=flags)
+    out = tmp_path / "out"
+    try:
+        job.start("A")
+        started = tmp_path / "A" / "agent.jsonl"
+        persists = lambda: started.exists() and sum(r["kind"] == "persist" for r in _records(started.parent))  # noqa: E731
+        job.wait("two checkpoints", lambda: persists() >= 2)
+        job.lose("A")
+        found = newest_checkpoint(durable)
+        assert found is not None
+        assert job.start("B").wait(240) == 0, (tmp_path / "agent-B.log").read_text()[-4000:]
+    finally:
+        job.close()
+        hosts.close()
+    rs = [r for r in rounds(out) if r["ready"]]
+    resumed = rs[-1]["start"]
+    assert resumed["kind"] == "loaded" and resumed["source"] == "durable", resumed
+    assert resumed["step"] == found[1] > 0, (resumed, found)
+    assert rs[-1]["done"]["step"] == STEPS
+    worst = max(abs(s["loss"] - static[s["step"]]) for s in rs[-1]["steps"])
+    assert worst <= TOLERANCE, worst
 
 
 def test_agent_refuses_bad_input_in_one_line(tmp_path) -> None:

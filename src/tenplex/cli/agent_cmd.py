@@ -99,6 +99,18 @@ def _agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--token-file", default=None, help="the stores' shared token (default ~/.tenplex/store.token)"
     )
+    p.add_argument(
+        "--persist-every",
+        type=int,
+        default=0,
+        help="also write every Nth committed snapshot as a DCP checkpoint to --persist-dir (0: never)",
+    )
+    p.add_argument(
+        "--persist-dir",
+        default=None,
+        help="where those checkpoints go (every host's agent must see the same directory: a shared file "
+        "system); the workers fall back to the newest when no store holds the job's state",
+    )
     p.add_argument("--run-dir", default=None, help="records and logs (default tenplex-agent-RDZV_ID)")
     p.add_argument("--keep-store", action="store_true", help="leave the store running when the job ends")
     p.add_argument("-m", "--module", action="store_true", help="run TARGET as a module (python -m)")
@@ -129,8 +141,10 @@ def _conf(text: str) -> dict[str, str]:
 def _agent(args: argparse.Namespace) -> int:
     from ..runtime.agent import Agent, AgentConfig
 
-    if args.nproc_per_node < 1 or args.replicas < 0:
-        raise TenplexError("--nproc-per-node must be >= 1 and --replicas >= 0")
+    if args.nproc_per_node < 1 or args.replicas < 0 or args.persist_every < 0:
+        raise TenplexError("--nproc-per-node must be >= 1, --replicas and --persist-every >= 0")
+    if args.persist_every and not args.persist_dir:
+        raise TenplexError("--persist-every needs --persist-dir (where the checkpoints go)")
     low, high = parse_nodes(args.nnodes, "--nnodes")
     target = (["-m"] if args.module else []) + [args.script, *args.script_args]
     cfg = AgentConfig(
@@ -152,6 +166,8 @@ def _agent(args: argparse.Namespace) -> int:
         token_file=args.token_file,
         run_dir=args.run_dir or f"tenplex-agent-{args.rdzv_id}",
         keep_store=args.keep_store,
+        persist_every=args.persist_every,
+        persist_dir=args.persist_dir,
     )
     return Agent(cfg).run()
 

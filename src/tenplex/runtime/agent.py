@@ -16,9 +16,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +29,8 @@ from ..store.client import StoreClient
 from ..store.process import StoreProcess, start_store
 from ..util import env, logs
 from . import rendezvous
+from .beacon import Beacon
+from .durable_tier import EveryNth
 from .records import Records
 from .rounds import AgentError, Round, StoreEntry, has, job_key, known_stores, register_store
 from .workers import Workers
@@ -65,6 +65,8 @@ class AgentConfig:
     token_file: str | None = None
     run_dir: str = "tenplex-agent"
     keep_store: bool = False
+    persist_every: int = 0  # every Nth committed snapshot also as a DCP checkpoint (0: never)
+    persist_dir: str | None = None  # where: a directory every host sees
 
 
 class Agent:
@@ -84,9 +86,11 @@ class Agent:
         self.status: dict[str, Any] = {}  # what the beacon says of this agent (`_status`)
         self.marked = 0  # the newest round this agent marked loaded
         self.last_stores: list[str] = []  # the stores of the round before
+        self.last_round = 0  # and its number
         self.gone: set[str] = set()  # stores of hosts lost (not left)
         self.beacon: Beacon | None = None
         self.silent_s = 3.0  # a member silent this long is lost (torch's heartbeat expiry, set in run)
+        self.tier: EveryNth | None = None  # node 0's persists (--persist-every), once the job is known
 
     # -- the host's store and workers -------------------------------------------------------------
 
@@ -122,7 +126,8 @@ class Agent:
     def _rendezvous(self) -> tuple[Round, list[str]]:
         """Join the next round; every agent's store entry and slots; the round's group master."""
         t = time.time()
-        info = self.handler.next_rendezvous()
+        with rendezvous.expecting(self.handler, self._expected()):
+            info = self.handler.next_rendezvous()
         rs, node, nodes = info.store, info.rank, info.world_size
         self.base = rs.underlying_store
         run_id = self.cfg.run_id
@@ -139,6 +144,7 @@ class Agent:
         stores = [e.url for e in entries]
         sources = env.url_list(env.SOURCES) or [e.url for e in known_stores(self.base, run_id)]
         self._note_gone(stores)
+        self.last_round = number
         rnd = Round(
             number,
             node,
@@ -150,6 +156,7 @@ class Agent:
             stores,
             sources,
             sorted(self.gone),
+            str(Path(self.cfg.persist_dir).resolve()) if self.cfg.persist_dir else None,
         )
         self._ring(stores, nodes)
         self.records.write(
@@ -164,6 +171,20 @@ class Agent:
             rendezvous_s=time.time() - t,
         )
         return rnd, [e.host + "|" + e.url for e in entries]
+
+    def _expected(self) -> int | None:
+        """The next round's size as this agent knows it: the last round's members, less those that left
+        as planned or were found lost in it, plus the nodes waiting to join (None: the first round)."""
+        if self.base is None or not self.last_stores:
+            return None
+        base, run_id, number = self.base, self.cfg.run_id, self.last_round
+        gone = [
+            url
+            for url in self.last_stores
+            if url != self.entry.url
+            and (has(base, job_key(run_id, "left", url)) or has(base, job_key(run_id, "lost", number, url)))
+        ]
+        return len(self.last_stores) - len(gone) + self.handler.num_nodes_waiting()
 
     def _note_gone(self, stores: list[str]) -> None:
         """The stores of the last round's hosts that are not in this one and did not leave as planned:
@@ -204,6 +225,8 @@ class Agent:
                 silent = self._beat(rnd)
                 if silent:
                     self.broken = True  # its workers' peers may wait on it in a collective forever
+                    assert self.base is not None  # the other agents expect the next round without it
+                    self.base.set(job_key(self.cfg.run_id, "lost", rnd.number, silent), "1")
                     self._request_change(rnd, f"lost: the agent of {silent} fell silent")
                     return "change"
             why = self._why_end(rnd)
@@ -215,7 +238,8 @@ class Agent:
         ended, run_id = self.workers.ended(rnd), self.cfg.run_id
         if len(ended) == self.cfg.nproc and all(e["outcome"] == "done" for e in ended.values()):
             return "done"
-        if self.leaving:
+        if self.leaving:  # said before the change, so the others expect the next round without this node
+            self.base.set(job_key(run_id, "left", self.entry.url), "1")
             self._request_change(rnd, "leave")
             return "leave"
         if has(self.base, job_key(run_id, "stop")):
@@ -243,6 +267,8 @@ class Agent:
             self.marked = rnd.number  # the round's ranks loaded: a host that left may stop its store now
             self.base.set(job_key(self.cfg.run_id, "loaded"), str(rnd.number))
             self.records.write("loaded", round=rnd.number)
+        if rnd.node_rank == 0 and self.cfg.persist_every:
+            self._persist(rnd)
         now = time.monotonic()
         for url in rnd.stores:
             if url == self.entry.url:
@@ -254,6 +280,14 @@ class Agent:
             elif now - before[1] > self.silent_s:
                 return url
         return None
+
+    def _persist(self, rnd: Round) -> None:
+        """Node 0, once a second: the durable tier takes every Nth snapshot (`--persist-every`)."""
+        job = self.workers.job(rnd)
+        if job is not None and self.cfg.persist_dir is not None:
+            if self.tier is None:
+                self.tier = EveryNth(Path(self.cfg.persist_dir), self.cfg.persist_every, self.records)
+            self.tier.look(job, self.entry.url)
 
     def _park(self, rnd: Round) -> list[int]:
         """Every worker out of the round; after a round broke, those stuck in a collective wait only
@@ -303,8 +337,6 @@ class Agent:
             self._status(rnd)
             why = self._supervise(rnd)
             if why == "leave":  # out of the rendezvous at once: the others' next round need not wait for us
-                assert self.base is not None
-                self.base.set(job_key(self.cfg.run_id, "left", self.entry.url), "1")
                 rendezvous.leave(self.handler)
                 self._park(rnd)
                 return self._leave(rnd)
@@ -350,6 +382,8 @@ class Agent:
     def _end(self) -> None:
         if self.beacon is not None:
             self.beacon.stop.set()
+        if self.tier is not None:  # a checkpoint being written is finished, not left half-written
+            self.tier.join()
         if hasattr(self, "workers"):
             self.workers.close()
         if self.started is not None and not self.cfg.keep_store:
@@ -364,25 +398,3 @@ class Agent:
 
         signal.signal(signal.SIGTERM, leave)
         signal.signal(signal.SIGINT, leave)
-
-
-class Beacon(threading.Thread):
-    """This agent's status in the rendezvous store, written every second by a thread of its own, whatever
-    the main loop waits for (a round may take long to park): the other agents take only silence, a dead or
-    cut-off host, for a lost member."""
-
-    def __init__(self, base: dist.Store, key: str, status: Callable[[], dict[str, Any]]) -> None:
-        super().__init__(name="tenplex-beacon", daemon=True)
-        self.store = base.clone() if hasattr(base, "clone") else base  # its own connection
-        self.key, self.status, self.stop = key, status, threading.Event()
-        self.start()
-
-    def run(self) -> None:
-        beat = 0
-        while not self.stop.is_set():
-            beat += 1
-            try:
-                self.store.set(self.key, json.dumps({**self.status(), "beat": beat, "time": time.time()}))
-            except RuntimeError:  # the rendezvous store is gone: the main loop finds out too
-                return
-            self.stop.wait(1.0)

@@ -78,7 +78,7 @@ class Controller:
         self._preload = threading.Thread(target=importlib.import_module, args=("tenplex.transformer",))
         self._preload.daemon = True
         self._preload.start()
-        self.tier = DurableTier(cfg.run_dir, cfg.job, self.timeline, self._preload)
+        self.tier = DurableTier(cfg.run_dir / "durable", cfg.job, self.timeline, self._preload)
 
     @property
     def durable(self) -> str | None:

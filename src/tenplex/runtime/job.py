@@ -21,10 +21,11 @@ from ..ptc import TenplexError
 from ..store import MemoryLimitError, StoreError
 from ..transformer import NoSnapshotError, SaveHandle, StoresLostError, jobrecord, load, save
 from ..transformer.stores import client, resolve
-from ..transformer.world import init_distributed
+from ..transformer.world import decide, init_distributed
 from ..util import env
 from . import rounds
 from .control import any_rank, from_every_rank, sum_over_ranks
+from .durable_tier import newest_checkpoint
 from .records import Records
 from .spec import OPEN_END, WorkerSpec, job_name
 
@@ -190,7 +191,8 @@ class ElasticJob:
     def _load(self, state: dict[str, Any]) -> int:
         """The load and its record: the snapshot's step, 0 for a fresh start."""
         try:
-            info = load(state, job=self.name, path=self.durable, store=self.store, sources=self.sources)
+            path = self.durable or decide(_persisted)  # one answer for all ranks: a persist may land now
+            info = load(state, job=self.name, path=path, store=self.store, sources=self.sources)
         except NoSnapshotError:  # every store the job used said so: the one way to a fresh start
             self.record("fresh", step=0, layout=self.label)
             return 0
@@ -255,7 +257,7 @@ class ElasticJob:
                 **fields,
             )
             if self.rank == 0:
-                rounds.mark_ready()
+                rounds.mark_ready(self.name)
             self._last = time.perf_counter()
 
     def running(self, step: int) -> bool:
@@ -382,3 +384,10 @@ def _stop_requested(path: str | None) -> bool:
     through one all-reduce, so they stop together."""
     asked = bool(path and dist.get_rank() == 0 and os.path.exists(path)) or rounds.stop_asked()
     return any_rank(asked)
+
+
+def _persisted() -> str | None:
+    """The newest checkpoint under $TENPLEX_DURABLE (the agents' --persist-dir), if any."""
+    directory = os.environ.get(env.DURABLE)
+    found = newest_checkpoint(directory) if directory else None
+    return found[0] if found else None

@@ -8,8 +8,10 @@ takes a leaving node out of the round at once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,6 +88,27 @@ def quicken(h: Any, poll: float) -> None:
             dr._delay = delay
     except AttributeError as e:
         log.warning("torch's rendezvous polls at its own pace (1 s): %s", e)
+
+
+@contextlib.contextmanager
+def expecting(h: Any, nodes: int | None) -> Iterator[None]:
+    """Form the next round as soon as `nodes` members joined, not a last call later: after a planned leave
+    or a loss every remaining agent knows who the next round has (the last round's members, less those that
+    left or were found lost, plus those waiting). torch completes a round when it reaches its maximum size,
+    else at the last call's deadline; for this one round the maximum this agent applies is `nodes`. An
+    unexpected joiner keeps its own maximum (it completes the round at the deadline, as before, or waits
+    for the next round); a member expected but gone leaves the deadline as the rule. Private names of torch
+    2.13 (`_settings`, frozen): when they are gone, rounds form at torch's own pace."""
+    settings = getattr(h, "_settings", None)
+    usual = getattr(settings, "max_nodes", None)
+    if nodes is None or usual is None or not settings.min_nodes <= nodes < usual:
+        yield
+        return
+    object.__setattr__(settings, "max_nodes", nodes)
+    try:
+        yield
+    finally:
+        object.__setattr__(settings, "max_nodes", usual)
 
 
 def leave(h: Any) -> None:

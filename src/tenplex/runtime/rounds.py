@@ -66,6 +66,7 @@ class Round:
     stores: list[str]  # the round's stores, in node order (the replica ring)
     sources: list[str] = field(default_factory=list)  # every store a snapshot may be in, former ones too
     gone: list[str] = field(default_factory=list)  # stores of hosts lost (not left): counted lost unasked
+    durable: str | None = None  # the agents' --persist-dir: checkpoints to fall back to
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -90,6 +91,8 @@ class Round:
         }
         out[env.SOURCES] = ",".join(dict.fromkeys([*self.stores, *self.sources]))
         out[env.LOST] = ",".join(self.gone)
+        if self.durable:
+            out[env.DURABLE] = self.durable
         return out
 
 
@@ -159,11 +162,12 @@ def stop_asked() -> bool:
     return bool(store is not None and number and has(store, f"stop/{number}"))
 
 
-def mark_ready() -> None:
-    """Rank 0: the round's ranks have loaded (a leaving host's store is no longer needed)."""
+def mark_ready(job: str) -> None:
+    """Rank 0: the round's ranks have loaded (a leaving host's store is no longer needed); the job's name
+    in the stores (what the agent persists)."""
     store, number = agent_store(), os.environ.get(ROUND)
     if store is not None and number:
-        store.set(f"ready/{number}", "1")
+        store.set(f"ready/{number}", job)
 
 
 def records_dir(out: str | None) -> str | None:

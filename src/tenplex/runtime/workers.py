@@ -120,6 +120,10 @@ class Workers:
         """Whether the round's ranks have loaded (rank 0 says so, on node 0)."""
         return has(self.store, f"ready/{rnd.number}")
 
+    def job(self, rnd: Round) -> str | None:
+        """The job's name in the stores, once the round's ranks loaded (rank 0 says it, on node 0)."""
+        return self.store.get(f"ready/{rnd.number}").decode() if self.ready(rnd) else None
+
     def ended(self, rnd: Round) -> dict[int, dict[str, Any]]:
         """Workers whose round ended: parked with their outcome, or dead (their process exited)."""
         out: dict[int, dict[str, Any]] = {}

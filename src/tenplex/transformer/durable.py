@@ -126,7 +126,9 @@ def load_durable(
         raise DurableError(f"{what} holds no readable values: {e}") from None
     saved_names = set(meta) - set(head)
     missing = sorted((set(tensors) - saved_names) | (set(values) - set(saved_values)))
-    unexpected = sorted((saved_names - set(tensors)) | (set(saved_values) - set(values)))
+    # what no rank of the job holds (a pipeline stage holds only its own layers' tensors)
+    held = set().union(*world.all_gather(sorted(tensors) + sorted(values), process_group))
+    unexpected = sorted((saved_names | set(saved_values)) - held)
     if strict and (missing or unexpected):
         raise KeyMismatchError(missing, unexpected)
     state = {n: t for n, t in tensors.items() if n in saved_names}

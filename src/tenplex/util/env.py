@@ -18,6 +18,7 @@ STORE_TOKEN = "TENPLEX_STORE_TOKEN"  # the token clients prove they hold (defaul
 DEVICE = "TENPLEX_DEVICE"  # this rank's stable device id
 SOURCES = "TENPLEX_SOURCES"  # every store a snapshot may be in, comma-separated
 LOST = "TENPLEX_LOST_STORES"  # stores the runtime knows are lost (their host died): counted lost unasked
+DURABLE = "TENPLEX_DURABLE"  # a directory of persisted checkpoints (step-N) to fall back to
 EMULATED_HOSTS = "TENPLEX_EMULATED_HOSTS"  # "1": other emulated hosts' stores are reached over sockets
 STATE_DIR = "TENPLEX_STATE_DIR"  # where a job's record of its stores lives (default ~/.tenplex/jobs)
 FRESH = "TENPLEX_FRESH"  # "1": a job whose stores are lost may start over from step 0

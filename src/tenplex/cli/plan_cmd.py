@@ -198,10 +198,9 @@ def print_estimates(projected: dict[str, Estimate]) -> None:
         ],
     )
     print("assumptions:")
-    seen: list[str] = []
-    for e in projected.values():
-        seen.extend(a for a in e.assumptions if a not in seen)
-    for a in seen:
+    links = [e.assumptions[0] for e in projected.values()]  # each estimate names its links first
+    shared = next(iter(projected.values())).assumptions[1:]
+    for a in dict.fromkeys(links + shared):
         print(f"  - {a}")
 
 

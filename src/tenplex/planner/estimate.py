@@ -184,6 +184,8 @@ def estimate(plan: Plan, links: Links, costs: Costs | None = None) -> Estimate:
         f"{c.load_core_GBps:.1f} GB/s, plus {1 / c.net_core_GBps:.2f} s/GB of cross-host bytes; fixed "
         f"{save_fixed * 1e3:.0f} ms per save, {load_fixed * 1e3:.0f} ms per load (measured: "
         f"{', '.join(c.sources)})",
+        "every rank on a core of its own; a host's store sends with its ranks' cores, each end of a "
+        "cross-host byte doing half the work measured for both",
         "fixed costs as measured at 4 ranks: their growth with more ranks is not modelled",
     ]
     if not links.staged:  # device to device: the busiest device's link decides

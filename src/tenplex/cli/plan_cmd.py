@@ -7,12 +7,13 @@ import json
 import time
 
 from ..planner import Bandwidth, Plan, assign_plan, central_plan, plan
-from ..planner.estimate import LINKS, Costs, Estimate, estimate, parse_links
+from ..planner.estimate import LINKS, Costs, Estimate, Links, estimate, parse_links
 from ..ptc import PTC, Mesh, ModelSpec, PTCError, device_id, model_ptc
 from ..util import human_bytes, print_table
 from .args import MODEL_HELP, add_snapshot_args, model_spec, snapshot
 
 LAYOUT_KEYS = ("dp", "tp", "pp")
+DEFAULT_LINKS = ",".join(LINKS)
 
 
 def parse_layout(text: str) -> dict[str, int]:
@@ -180,12 +181,19 @@ def _host_key(h: str) -> tuple[int, str]:
     return (int(h[1:]) if h[1:].isdigit() else 1 << 30, h)
 
 
-def estimates(p: Plan, args: argparse.Namespace, costs: Costs | None = None) -> dict[str, Estimate]:
-    """The projection of the change under each link named by --bandwidth (comma-separated)."""
-    names = [b.strip() for b in args.bandwidth.split(",") if b.strip()]
+def link_choices(args: argparse.Namespace) -> dict[str, Links]:
+    """The links --bandwidth names (comma-separated), checked before anything is planned."""
+    if args.bandwidth is not None and not args.estimate:
+        raise PTCError("--bandwidth names the links of --estimate: add --estimate")
+    names = [b.strip() for b in (args.bandwidth or DEFAULT_LINKS).split(",") if b.strip()]
     if not names:
         raise PTCError("--bandwidth: name at least one of " + ", ".join(LINKS) + " or a speed in Gbit/s")
-    return {name: estimate(p, parse_links(name), costs) for name in names}
+    return {name: parse_links(name) for name in names}
+
+
+def estimates(p: Plan, args: argparse.Namespace, costs: Costs | None = None) -> dict[str, Estimate]:
+    """The projection of the change under each link --bandwidth names."""
+    return {name: estimate(p, links, costs) for name, links in link_choices(args).items()}
 
 
 def print_estimates(projected: dict[str, Estimate]) -> None:
@@ -205,6 +213,7 @@ def print_estimates(projected: dict[str, Estimate]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    link_choices(args)  # bad --bandwidth: one line before the planning
     started = time.perf_counter()
     label, p, c, by_numbering = build_plans(args)
     data = report(label, p, c, by_numbering, args, time.perf_counter() - started)
@@ -257,10 +266,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     cmd.add_argument(
         "--bandwidth",
-        default="100g,400g,nvlink",
         metavar="LINKS",
         help=f"with --estimate: links to project for, comma-separated: {', '.join(LINKS)} "
-        "or a NIC speed in Gbit/s (default: all three)",
+        f"or a NIC speed in Gbit/s (default: {DEFAULT_LINKS})",
     )
     cmd.add_argument("--json", action="store_true", help="print one JSON object")
     add_snapshot_args(cmd, "plan from")

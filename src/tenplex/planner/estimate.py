@@ -43,6 +43,8 @@ class Costs:
     net_core_GBps: float  # one core's extra work per cross-host byte (both ends, measured on one machine;
     # on a cluster each end's host does half)
     memcpy_GBps: float  # the machine's memcpy in the slope's run: how fast that machine was then
+    ns_save_s: float  # what a save adds per rank when its hosts are apart (namespace hosts, shaped links):
+    ns_load_s: float  # collectives and authenticated store connections through real links; and a load
     sources: tuple[str, ...] = ()
 
     @classmethod
@@ -121,6 +123,14 @@ class Demand:
     def ranks(self) -> tuple[int, int]:
         return sum(self.old_ranks.values()), sum(self.new_ranks.values())
 
+    @property
+    def hosts(self) -> int:
+        return len(set(self.old_ranks) | set(self.new_ranks))
+
+    def total(self, what: str) -> int:
+        """Summed over the hosts: `saved`, `read`, `ingress` or `egress`."""
+        return sum(getattr(self, what).values())
+
 
 def demand(plan: Plan) -> Demand:
     """Per host and rank, the bytes saved, read and crossing links: one pass over the plan's moves."""
@@ -165,10 +175,11 @@ class Estimate:
         return {**asdict(self), "total_s": self.total_s}
 
 
-def fixed_s(d: Demand, c: Costs) -> tuple[float, float]:
-    """One rank's fixed seconds per save and per load, on a core of its own."""
-    save = c.save_fixed_s + c.save_per_tensor_s * d.tensors_saved
-    load = c.load_fixed_s + c.load_per_fetch_s * d.fetches + c.load_remote_s * d.remote
+def fixed_s(d: Demand, c: Costs, apart: bool) -> tuple[float, float]:
+    """One rank's fixed seconds per save and per load, on a core of its own; `apart`: hosts that are apart,
+    behind links (not loopback stores on one machine)."""
+    save = c.save_fixed_s + c.save_per_tensor_s * d.tensors_saved + c.ns_save_s * apart
+    load = c.load_fixed_s + c.load_per_fetch_s * d.fetches + c.load_remote_s * d.remote + c.ns_load_s * apart
     return save, load
 
 
@@ -177,7 +188,7 @@ def estimate(plan: Plan, links: Links, costs: Costs | None = None) -> Estimate:
     its own copy path and link."""
     c = costs or packaged_costs()
     d = demand(plan)
-    save_fixed, load_fixed = fixed_s(d, c)
+    save_fixed, load_fixed = fixed_s(d, c, d.hosts > 1)
     said = [
         links.describe(),
         f"tenplex's path per rank (one core): save {c.save_core_GBps:.1f} GB/s, load "
@@ -206,14 +217,14 @@ def estimate(plan: Plan, links: Links, costs: Costs | None = None) -> Estimate:
 
 
 def emulate(
-    d: Demand, c: Costs, link_GBps: float | None = None, memcpy_GBps: float | None = None
+    d: Demand, c: Costs, link_GBps: float | None = None, memcpy_GBps: float | None = None, netns: bool = False
 ) -> Estimate:
     """The same model as the development machine runs a change: every emulated host and rank shares its
     `cores` (so fixed costs queue when ranks outnumber cores, and all bytes pass one machine's copy path),
     each namespace host has its own shaped link (`link_GBps`; loopback hosts have none), and the machine
     ran at `memcpy_GBps` in that run (slower than the calibration run: everything CPU-bound is slower)."""
     slow = c.memcpy_GBps / memcpy_GBps if memcpy_GBps else 1.0
-    save_fixed, load_fixed = fixed_s(d, c)
+    save_fixed, load_fixed = fixed_s(d, c, netns)
     old, new = d.ranks
     save = max(1.0, old / c.cores) * save_fixed + sum(d.saved.values()) / (c.cores * c.save_core_GBps * GB)
     cpu = sum(d.read.values()) / (c.cores * c.load_core_GBps * GB)

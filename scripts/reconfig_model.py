@@ -275,11 +275,13 @@ def render_checks(costs: Costs) -> str:
 
 def render_projections(costs: Costs) -> str:
     rows = []
-    for p in projections(costs):
+    projected = projections(costs)
+    for p in projected:
         cells = [f"{e.total_s:.2f} s ({e.bottleneck})" for e in p["estimates"].values()]
         rows.append([p["case"], p["anchor"], f"{p['state_GB']:.0f}", f"{p['cross_GB']:.0f}", *cells,
                      f"`tenplex plan {p['argv']} --estimate`"])  # fmt: skip
-    said = "".join(f"- {LINKS[n].describe()}\n" for n in COLUMNS) + "\n"
+    shared = next(iter(projected[0]["estimates"].values())).assumptions[1:-1]  # the last is the case's
+    said = "".join(f"- {a}\n" for a in [*(LINKS[n].describe() for n in COLUMNS), *shared]) + "\n"
     head = ["case", "compare", "state GB", "cross-host GB", *(LINKS[n].name for n in COLUMNS), "command"]
     return said + table(head, rows)
 

@@ -207,7 +207,7 @@ def print_estimates(projected: dict[str, Estimate]) -> None:
     )
     print("assumptions:")
     links = [e.assumptions[0] for e in projected.values()]  # each estimate names its links first
-    shared = next(iter(projected.values())).assumptions[1:]
+    shared = next(iter(projected.values())).assumptions[1:]  # the rest: the same costs, the same change
     for a in dict.fromkeys(links + shared):
         print(f"  - {a}")
 

@@ -8,8 +8,9 @@ device's PCIe link when the state lives on a GPU) and the host's link (its cross
 in and out, over the NIC's bandwidth). The busiest host's time is the projection.
 
 The fixed costs and the per-core rates are measured, not assumed: `scripts/reconfig_model.py` derives them
-from results/bench_reconfig_fixed.json (the intercepts: the reference's tensors with 5 MB of bytes) and
-results/bench_reconfig.json (the slopes: 1.2 GB), and writes them to `reconfig_costs.json` here. The same
+from results/bench_reconfig_fixed.json (the intercepts: the reference's tensors with 5 MB of bytes),
+results/bench_reconfig.json (the slopes: 1.2 GB) and results/bench_reconfig_netns.json (what hosts apart
+add), and writes them to `reconfig_costs.json` here. The same
 model, run the way the development machine ran those benchmarks (every emulated host sharing its cores,
 see `emulate`), is checked against every measured point by tests/test_estimate.py. The links are named
 assumptions (`LINKS`), not measurements.
@@ -43,8 +44,8 @@ class Costs:
     net_core_GBps: float  # one core's extra work per cross-host byte (both ends, measured on one machine;
     # on a cluster each end's host does half)
     memcpy_GBps: float  # the machine's memcpy in the slope's run: how fast that machine was then
-    ns_save_s: float  # what a save adds per rank when its hosts are apart (namespace hosts, shaped links):
-    ns_load_s: float  # collectives and authenticated store connections through real links; and a load
+    ns_save_s: float  # per rank, what a save adds when its hosts are apart behind links (collectives,
+    ns_load_s: float  # authenticated store connections), measured on namespace hosts; and a load
     sources: tuple[str, ...] = ()
 
     @classmethod
@@ -56,7 +57,7 @@ class Costs:
 
 
 def packaged_costs() -> Costs:
-    """The costs `scripts/reconfig_model.py --write` derived from the committed benchmark results."""
+    """The costs `python scripts/reconfig_model.py` derived from the committed benchmark results."""
     text = resources.files(__package__).joinpath("reconfig_costs.json").read_text()
     return Costs.from_json(json.loads(text))
 
@@ -192,12 +193,15 @@ def estimate(plan: Plan, links: Links, costs: Costs | None = None) -> Estimate:
     said = [
         links.describe(),
         f"tenplex's path per rank (one core): save {c.save_core_GBps:.1f} GB/s, load "
-        f"{c.load_core_GBps:.1f} GB/s, plus {1 / c.net_core_GBps:.2f} s/GB of cross-host bytes; fixed "
-        f"{save_fixed * 1e3:.0f} ms per save, {load_fixed * 1e3:.0f} ms per load (measured: "
-        f"{', '.join(c.sources)})",
+        f"{c.load_core_GBps:.1f} GB/s, plus {1 / c.net_core_GBps:.2f} s/GB of cross-host bytes; fixed per "
+        f"rank {c.save_fixed_s * 1e3:.0f} ms a save + {c.save_per_tensor_s * 1e6:.0f} us a tensor, "
+        f"{c.load_fixed_s * 1e3:.0f} ms a load + {c.load_per_fetch_s * 1e6:.0f} us a box, +"
+        f"{c.load_remote_s * 1e3:.0f} ms reaching other hosts, +{c.ns_save_s * 1e3:.0f} / "
+        f"{c.ns_load_s * 1e3:.0f} ms a save / load on hosts apart (measured: {', '.join(c.sources)})",
         "every rank on a core of its own; a host's store sends with its ranks' cores, each end of a "
         "cross-host byte doing half the work measured for both",
-        "fixed costs as measured at 4 ranks: their growth with more ranks is not modelled",
+        "fixed costs per rank as measured with 4 to 8 ranks: their growth with more ranks is not modelled",
+        f"this change's fixed costs: {save_fixed * 1e3:.0f} ms its save, {load_fixed * 1e3:.0f} ms its load",
     ]
     if not links.staged:  # device to device: the busiest device's link decides
         busiest = max(d.device_bytes.values(), default=0)

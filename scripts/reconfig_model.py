@@ -206,6 +206,13 @@ def llama2_70b() -> dict:
     }
 
 
+def description_text(model: dict) -> str:
+    """A model description as JSON with one tensor a line: short enough to read and to diff."""
+    head = {k: v for k, v in model.items() if k != "tensors"}
+    lines = ",\n".join(f"  {json.dumps(t)}" for t in model["tensors"])
+    return json.dumps(head)[:-1] + ', "tensors": [\n' + lines + "\n]}\n"
+
+
 # (case, the paper's figure or the anchor, `tenplex plan` arguments)
 XL, B27, B67, L70 = "gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "docs/llama2-70b.json"
 PAPER = "--devices-per-host 4"  # the on-premise cluster: 4 hosts of 4 GPUs
@@ -295,7 +302,7 @@ def outputs() -> dict[Path, str]:
         raise SystemExit(f"{DOC.relative_to(ROOT)}: markers {sorted(found)}, expected {sorted(blocks)}")
     return {
         COSTS: json.dumps(costs.to_json(), indent=1) + "\n",
-        LLAMA: json.dumps(llama2_70b(), indent=1) + "\n",
+        LLAMA: description_text(llama2_70b()),
         DOC: MARKER.sub(lambda m: m.group(1) + blocks[m.group(2)] + m.group(4), doc),
     }
 
@@ -305,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="exit 1 when a written file differs")
     args = ap.parse_args(argv)
     if not LLAMA.exists():  # the projections read it
-        LLAMA.write_text(json.dumps(llama2_70b(), indent=1) + "\n")
+        LLAMA.write_text(description_text(llama2_70b()))
     stale = []
     for path, text in outputs().items():
         if path.exists() and path.read_text() == text:

@@ -7,11 +7,13 @@ import json
 import time
 
 from ..planner import Bandwidth, Plan, assign_plan, central_plan, plan
+from ..planner.estimate import LINKS, Costs, Estimate, Links, estimate, parse_links
 from ..ptc import PTC, Mesh, ModelSpec, PTCError, device_id, model_ptc
 from ..util import human_bytes, print_table
 from .args import MODEL_HELP, add_snapshot_args, model_spec, snapshot
 
 LAYOUT_KEYS = ("dp", "tp", "pp")
+DEFAULT_LINKS = ",".join(LINKS)
 
 
 def parse_layout(text: str) -> dict[str, int]:
@@ -179,14 +181,51 @@ def _host_key(h: str) -> tuple[int, str]:
     return (int(h[1:]) if h[1:].isdigit() else 1 << 30, h)
 
 
+def link_choices(args: argparse.Namespace) -> dict[str, Links]:
+    """The links --bandwidth names (comma-separated), checked before anything is planned."""
+    if args.bandwidth is not None and not args.estimate:
+        raise PTCError("--bandwidth names the links of --estimate: add --estimate")
+    names = [b.strip() for b in (args.bandwidth or DEFAULT_LINKS).split(",") if b.strip()]
+    if not names:
+        raise PTCError("--bandwidth: name at least one of " + ", ".join(LINKS) + " or a speed in Gbit/s")
+    return {name: parse_links(name) for name in names}
+
+
+def estimates(p: Plan, args: argparse.Namespace, costs: Costs | None = None) -> dict[str, Estimate]:
+    """The projection of the change under each link --bandwidth names."""
+    return {name: estimate(p, links, costs) for name, links in link_choices(args).items()}
+
+
+def print_estimates(projected: dict[str, Estimate]) -> None:
+    print_table(
+        "projected reconfiguration time (bottleneck model: the busiest host or link decides)",
+        ["links", "save", "load", "total", "decided by"],
+        [
+            [name, f"{e.save_s:.2f} s", f"{e.load_s:.2f} s", f"{e.total_s:.2f} s", e.bottleneck]
+            for name, e in projected.items()
+        ],
+    )
+    print("assumptions:")
+    links = [e.assumptions[0] for e in projected.values()]  # each estimate names its links first
+    shared = next(iter(projected.values())).assumptions[1:]  # the rest: the same costs, the same change
+    for a in dict.fromkeys(links + shared):
+        print(f"  - {a}")
+
+
 def run(args: argparse.Namespace) -> int:
+    link_choices(args)  # bad --bandwidth: one line before the planning
     started = time.perf_counter()
     label, p, c, by_numbering = build_plans(args)
     data = report(label, p, c, by_numbering, args, time.perf_counter() - started)
+    projected = estimates(p, args) if args.estimate else {}
+    if projected:
+        data["estimate"] = {name: e.to_json() for name, e in projected.items()}
     if args.json:
         print(json.dumps(data))
     else:
         print_report(p, c, data)
+        if projected:
+            print_estimates(projected)
     return 0
 
 
@@ -220,6 +259,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     cmd.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage of the job")
     cmd.add_argument("--network-gbps", type=float, default=12.5, help="GB/s per host and direction")
     cmd.add_argument("--local-gbps", type=float, default=9.0, help="GB/s of a copy within a host")
+    cmd.add_argument(
+        "--estimate",
+        action="store_true",
+        help="project the change's save + load time on a cluster from the measured costs (docs/scale.md)",
+    )
+    cmd.add_argument(
+        "--bandwidth",
+        metavar="LINKS",
+        help=f"with --estimate: links to project for, comma-separated: {', '.join(LINKS)} "
+        f"or a NIC speed in Gbit/s (default: {DEFAULT_LINKS})",
+    )
     cmd.add_argument("--json", action="store_true", help="print one JSON object")
     add_snapshot_args(cmd, "plan from")
     cmd.set_defaults(func=run)

@@ -1,0 +1,332 @@
+"""The reconfiguration model (tenplex.planner.estimate): its measured costs, its check against every
+measured point, and the projections in docs/scale.md, all from results/*.json, never typed.
+
+- costs: the fixed parts (per rank: a constant, per tensor saved, per box fetched, reaching another host's
+  store) are a least-squares fit to results/bench_reconfig_fixed.json (5 MB of state: the bytes are
+  negligible); the per-core rates come from results/bench_reconfig.json (1.2 GB) once those fixed parts
+  are taken off: the save rate from all its saves, the load rate from its one-host loads, the cross-host
+  cost from its two-host loads; what hosts apart add per rank to a save and a load (collectives and
+  authenticated store connections through real links) is the mean of what the namespace-host points of
+  results/bench_reconfig_netns.json took beyond the rest of the model;
+- check: the model as the development machine ran each measured case (`estimate.emulate`), against the
+  measured save + load seconds of every row of those results, with the costs as shipped and, to show how
+  much each point moves them, with the costs fitted without it (leave-one-out);
+- projections: `tenplex plan --estimate` for the paper's cases and a 70B model.
+
+    python scripts/reconfig_model.py            # write the costs, docs/llama2-70b.json and the tables
+    python scripts/reconfig_model.py --check    # exit 1 when any of them differs from what results/ gives
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from tenplex.cli.main import build_parser  # noqa: E402
+from tenplex.cli.plan_cmd import build_plans, estimates  # noqa: E402
+from tenplex.planner import Plan, plan  # noqa: E402
+from tenplex.planner.estimate import GB, LINKS, Costs, Demand, Estimate, demand, emulate  # noqa: E402
+from tenplex.ptc.gpt import GPTConfig, gpt_ptc  # noqa: E402
+
+RESULTS = ROOT / "results"
+COSTS = ROOT / "src" / "tenplex" / "planner" / "reconfig_costs.json"
+DOC = ROOT / "docs" / "scale.md"
+LLAMA = ROOT / "docs" / "llama2-70b.json"
+FIXED, FULL, NETNS_RUN = "bench_reconfig_fixed.json", "bench_reconfig.json", "bench_reconfig_netns.json"
+SOURCES = tuple(f"results/{name}" for name in (FIXED, FULL, NETNS_RUN))
+# bench_reconfig_gpu_host.json is not checked: another machine (16 cores), whose own intercepts were never
+# measured; these costs are this machine's
+CHECKED = (FULL, FIXED, NETNS_RUN)
+BOUND = 0.25  # every checked point within 25% of its measured seconds
+# Points the model misses, and why: tests/test_estimate.py asserts every other point is within BOUND.
+# Points the model misses, and why: tests/test_estimate.py asserts every other point is within BOUND.
+MISSES = {
+    (
+        "bench_reconfig_netns.json",
+        "combined",
+        8,
+    ): "8 ranks and 8 stores on 2 cores: this load's `choose` phase "
+    "took 1.32 s and this save's `gather` 0.75 s, fixed costs that grow faster than the ranks here",
+}
+MARKER = re.compile(r"(<!-- estimate:([\w-]+) -->\n)(.*?)(<!-- /estimate:\2 -->)", re.S)
+
+
+def bench_plan(doc: dict, row: dict) -> Plan:
+    """The plan of a measured case: its model and layouts, rank r on host r * hosts // world as
+    benchmarks/bench_reconfig.py places them (4 ranks, or one per namespace host beyond 4)."""
+    cfg = GPTConfig(**doc["model"])
+    hosts = row["hosts"]
+    world = max(4, hosts) if doc.get("network") == "netns" else 4
+
+    def ptc(layout: str):
+        dp, tp, pp = map(int, layout.split("x"))
+        devices = [(f"h{r * hosts // world}/d{r}", f"h{r * hosts // world}") for r in range(dp * tp * pp)]
+        return gpt_ptc(cfg, dp, tp, pp, devices=devices)
+
+    return plan(ptc(row["src"]), ptc(row["dst"]))
+
+
+def load_results(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measured row: where it came from, what the planner says it asks of each host, what it took."""
+
+    file: str
+    row: dict
+    demand: Demand
+    netns: bool
+    link_GBps: float | None  # a namespace host's shaped link, as that run measured it
+    memcpy_GBps: float  # the machine's memcpy in that run
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return self.file, self.row["change"], self.row["hosts"]
+
+    def emulate(self, costs: Costs) -> Estimate:
+        return emulate(self.demand, costs, self.link_GBps, self.memcpy_GBps, self.netns)
+
+
+def cases() -> list[Case]:
+    out = []
+    for name in CHECKED:
+        doc = load_results(name)
+        for row in doc["rows"]:
+            link = row["nic_gbps_measured"] / 8 if "nic_gbps_measured" in row else None
+            d, netns = demand(bench_plan(doc, row)), doc.get("network") == "netns"
+            out.append(Case(name, row, d, netns, link, doc["memcpy_GBps"]))
+    return out
+
+
+def contention(ranks: int, cores: int) -> float:
+    return max(1.0, ranks / cores)
+
+
+def calibrate(measured: list[Case], cores: int) -> Costs:
+    """Intercepts from the 5 MB run, per-core rates from the 1.2 GB run (both loopback hosts), then what
+    namespace hosts add per rank to a save and a load, from the namespace runs."""
+    fixed = [c for c in measured if c.file == FIXED]
+    full = [c for c in measured if c.file == FULL]
+    ref = full[0].memcpy_GBps
+
+    def fit(kind: str, features) -> np.ndarray:
+        x = [features(c.demand) for c in fixed]
+        y = [c.row[f"{kind}_s"] / contention(c.demand.ranks[kind == "load"], cores) / (ref / c.memcpy_GBps)
+             for c in fixed]  # fmt: skip
+        return np.linalg.lstsq(np.array(x, dtype=float), np.array(y), rcond=None)[0]
+
+    save = fit("save", lambda d: [1, d.tensors_saved])
+    load = fit("load", lambda d: [1, d.fetches, d.remote])
+    inf = float("inf")  # no byte part yet: what `emulate` gives is the fixed part alone
+    costs = Costs(cores, *map(float, (*save, *load)), inf, inf, inf, ref, 0.0, 0.0, SOURCES)
+
+    def byte_part(cs: list[Case], kind: str) -> float:  # their seconds less the fixed costs
+        return sum(c.row[f"{kind}_s"] - getattr(c.emulate(costs), f"{kind}_s") for c in cs)
+
+    def rate(nbytes: float, seconds: float) -> float:
+        return nbytes / seconds / cores / GB
+
+    save_rate = rate(sum(c.demand.total("saved") for c in full), byte_part(full, "save"))
+    one, two = [c for c in full if not c.demand.remote], [c for c in full if c.demand.remote]
+    load_rate = rate(sum(c.demand.total("read") for c in one), byte_part(one, "load"))
+    local = sum(c.demand.total("read") for c in two) / (cores * load_rate * GB)
+    net_rate = rate(sum(c.demand.total("ingress") for c in two), byte_part(two, "load") - local)
+    costs = replace(costs, save_core_GBps=save_rate, load_core_GBps=load_rate, net_core_GBps=net_rate)
+    ns = [c for c in measured if c.netns]
+
+    def extra(kind: str) -> float:  # per rank on a core of its own, at the calibration run's speed
+        per = [(c.row[f"{kind}_s"] - getattr(c.emulate(costs), f"{kind}_s"))
+               / contention(c.demand.ranks[kind == "load"], cores) / (ref / c.memcpy_GBps)
+               for c in ns]  # fmt: skip
+        return float(np.mean(per)) if per else 0.0
+
+    return replace(costs, ns_save_s=extra("save"), ns_load_s=extra("load"))
+
+
+def points() -> list[dict]:
+    """Every measured case against the model's emulation of it: with the costs fitted on every case (the
+    model as shipped), and with the costs fitted without that case (leave-one-out)."""
+    measured = cases()
+    cores = load_results(FULL)["machine"]["cpus"]
+    shipped = calibrate(measured, cores)
+    out = []
+    for case in measured:
+        e = case.emulate(shipped)
+        left_out = case.emulate(calibrate([c for c in measured if c is not case], cores)).total_s
+        took = case.row["save_s"] + case.row["load_s"]
+        out.append({
+            "file": case.file, "change": case.row["change"], "hosts": case.row["hosts"],
+            "layouts": f"{case.row['src']} -> {case.row['dst']}", "state_GB": case.row["state_GB"],
+            "measured_s": took, "predicted_s": e.total_s, "error": e.total_s / took - 1,
+            "left_out_s": left_out, "left_out_error": left_out / took - 1,
+            "decided_by": e.bottleneck, "miss": MISSES.get(case.key),
+        })  # fmt: skip
+    return out
+
+
+def llama2_70b() -> dict:
+    """Llama-2-70B's tensors as a model description (docs/cli.md's format): GQA attention with 8 KV heads,
+    SwiGLU MLP, RMSNorm, untied embeddings: 68.98e9 parameters."""
+    h, kv, f, vocab = 8192, 1024, 28672, 32000
+    tensors = [{"name": "embed.weight", "shape": [vocab, h], "tp_dim": 0, "layer": "first"}]
+    for i in range(80):
+        b = f"layers.{i}."
+        tensors += [
+            {"name": b + "attn_norm.weight", "shape": [h], "layer": i},
+            *({"name": b + f"attn.{n}.weight", "shape": [rows, h], "tp_dim": 0, "layer": i}
+              for n, rows in (("q", h), ("k", kv), ("v", kv))),
+            {"name": b + "attn.o.weight", "shape": [h, h], "tp_dim": 1, "layer": i},
+            {"name": b + "mlp_norm.weight", "shape": [h], "layer": i},
+            *({"name": b + f"mlp.{n}.weight", "shape": [f, h], "tp_dim": 0, "layer": i}
+              for n in ("gate", "up")),
+            {"name": b + "mlp.down.weight", "shape": [h, f], "tp_dim": 1, "layer": i},
+        ]  # fmt: skip
+    tensors += [
+        {"name": "norm.weight", "shape": [h], "layer": "last"},
+        {"name": "lm_head.weight", "shape": [vocab, h], "tp_dim": 0, "layer": "last"},
+    ]
+    return {
+        "format": "tenplex.model",
+        "layers": 80,
+        "heads": 64,
+        "hidden": h,
+        "seq": 4096,
+        "tensors": tensors,
+    }
+
+
+def description_text(model: dict) -> str:
+    """A model description as JSON with one tensor a line: short enough to read and to diff."""
+    head = {k: v for k, v in model.items() if k != "tensors"}
+    lines = ",\n".join(f"  {json.dumps(t)}" for t in model["tensors"])
+    return json.dumps(head)[:-1] + ', "tensors": [\n' + lines + "\n]}\n"
+
+
+# (case, the paper's figure or the anchor, `tenplex plan` arguments)
+XL, B27, B67, L70 = "gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "docs/llama2-70b.json"
+PAPER = "--devices-per-host 4"  # the on-premise cluster: 4 hosts of 4 GPUs
+CASES = [
+    *(
+        (f"{m} {what}", "Fig. 14", f"--model {m} --from dp=1,tp=4,pp=2 --to {to} {PAPER}")
+        for m in (XL, B27, B67)
+        for what, to in (("D 8->16", "dp=2,tp=4,pp=2"), ("M 8->16", "dp=1,tp=8,pp=2"),
+                         ("P 8->16", "dp=1,tp=4,pp=4"))
+    ),
+    *(
+        (f"{m} redeploy 8->8", "Fig. 10",
+         f"--model {m} --from dp=1,tp=4,pp=2 --to dp=1,tp=4,pp=2 --redeploy {PAPER}")
+        for m in (XL, B27, B67)
+    ),
+    (f"{B27} 4 GPUs fail 16->8", "Fig. 11", f"--model {B27} --from dp=2,tp=4,pp=2 --to dp=1,tp=4,pp=2 "
+     f"--lost-hosts 0 {PAPER}"),
+    ("70B dp 64->128", "DynaTrain < 2 s", f"--model {L70} --from dp=1,tp=8,pp=8 --to dp=2,tp=8,pp=8"),
+    ("70B pp 64->128", "DynaTrain < 2 s", f"--model {L70} --from dp=1,tp=8,pp=8 --to dp=1,tp=8,pp=16"),
+    ("70B host fails 128->64", "DynaTrain < 2 s", f"--model {L70} --from dp=2,tp=8,pp=8 --to dp=1,tp=8,pp=8 "
+     "--lost-hosts 0"),
+]  # fmt: skip
+COLUMNS = ("100g", "400g", "nvlink")
+
+
+def projections(costs: Costs) -> list[dict]:
+    """Each case under each link, as `tenplex plan --estimate` computes it."""
+    out = []
+    for case, anchor, argv in CASES:
+        args = build_parser().parse_args(
+            ["plan", *argv.split(), "--estimate", "--bandwidth", ",".join(COLUMNS)]
+        )
+        _, p, _, _ = build_plans(args)
+        projected = estimates(p, args, costs)
+        out.append({"case": case, "anchor": anchor, "argv": argv, "state_GB": p.stats.total_state / GB,
+                    "cross_GB": p.stats.cross_host / GB, "estimates": projected})  # fmt: skip
+    return out
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
+
+
+def render_checks(costs: Costs) -> str:
+    rows = [
+        [p["file"], p["change"], p["layouts"], str(p["hosts"]), f"{p['state_GB']:.2f}",
+         f"{p['measured_s']:.3f}", f"{p['predicted_s']:.3f}", f"{p['error']:+.0%}",
+         f"{p['left_out_s']:.3f} ({p['left_out_error']:+.0%})", p["decided_by"], p["miss"] or "within 25%"]
+        for p in points()
+    ]  # fmt: skip
+    c = costs
+    said = (
+        f"Costs (`python scripts/reconfig_model.py`, from {', '.join(c.sources)}), per rank on a core of its "
+        f"own: a save {c.save_fixed_s * 1e3:.1f} ms + {c.save_per_tensor_s * 1e6:.0f} µs per tensor, a load "
+        f"{c.load_fixed_s * 1e3:.1f} ms + {c.load_per_fetch_s * 1e6:.0f} µs per box + "
+        f"{c.load_remote_s * 1e3:.1f} ms when it reaches another host's store; on hosts apart, "
+        f"{c.ns_save_s * 1e3:.0f} ms more per save and {c.ns_load_s * 1e3:.0f} ms more per load; one core "
+        f"saves {c.save_core_GBps:.2f} GB/s, loads {c.load_core_GBps:.2f} GB/s, and spends "
+        f"{1 / c.net_core_GBps:.2f} s per GB crossing hosts (both ends). `model s`: with these costs; "
+        "`model s without this point`: with the costs fitted on the other points (leave-one-out).\n\n"
+    )
+    head = ["results", "change", "layouts", "hosts", "state GB", "measured s", "model s", "error",
+            "model s without this point", "decided by", "check"]  # fmt: skip
+    return said + table(head, rows)
+
+
+def render_projections(costs: Costs) -> str:
+    rows = []
+    projected = projections(costs)
+    for p in projected:
+        cells = [f"{e.total_s:.2f} s ({e.bottleneck})" for e in p["estimates"].values()]
+        rows.append([p["case"], p["anchor"], f"{p['state_GB']:.0f}", f"{p['cross_GB']:.0f}", *cells,
+                     f"`tenplex plan {p['argv']} --estimate`"])  # fmt: skip
+    shared = next(iter(projected[0]["estimates"].values())).assumptions[1:-1]  # the last is the case's
+    said = "".join(f"- {a}\n" for a in [*(LINKS[n].describe() for n in COLUMNS), *shared]) + "\n"
+    head = ["case", "compare", "state GB", "cross-host GB", *(LINKS[n].name for n in COLUMNS), "command"]
+    return said + table(head, rows)
+
+
+def outputs() -> dict[Path, str]:
+    costs = calibrate(cases(), load_results(FULL)["machine"]["cpus"])
+    doc = DOC.read_text()
+    blocks = {"checks": render_checks(costs), "projections": render_projections(costs)}
+    found = {m.group(2) for m in MARKER.finditer(doc)}
+    if found != set(blocks):
+        raise SystemExit(f"{DOC.relative_to(ROOT)}: markers {sorted(found)}, expected {sorted(blocks)}")
+    return {
+        COSTS: json.dumps(costs.to_json(), indent=1) + "\n",
+        LLAMA: description_text(llama2_70b()),
+        DOC: MARKER.sub(lambda m: m.group(1) + blocks[m.group(2)] + m.group(4), doc),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 when a written file differs")
+    args = ap.parse_args(argv)
+    if not LLAMA.exists():  # the projections read it
+        LLAMA.write_text(description_text(llama2_70b()))
+    stale = []
+    for path, text in outputs().items():
+        if path.exists() and path.read_text() == text:
+            continue
+        if args.check:
+            stale.append(str(path.relative_to(ROOT)))
+        else:
+            path.write_text(text)
+            print(f"wrote {path.relative_to(ROOT)}")
+    if stale:
+        print(f"out of date (run python scripts/reconfig_model.py): {', '.join(stale)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -301,6 +301,8 @@ def test_the_worker_spec_round_trips_with_each_ranks_placement(tmp_path):
         layout=Layout(2, 1, 2, True),
         train={"model": "tiny"},
         failures=[7],
+        control="127.0.0.1:5",
+        phase=3,
     )
     path = spec.to_file(tmp_path / "spec.json")
     placed = WorkerSpec(**{**spec.__dict__, "store": "http://s:1", "device": "h1/d0", "sources": ["a", "b"]})
@@ -309,7 +311,7 @@ def test_the_worker_spec_round_trips_with_each_ranks_placement(tmp_path):
     back = WorkerSpec.from_env(env)
     assert back == WorkerSpec(**{**placed.__dict__, "emulated_hosts": False})
     assert back.layout == Layout(2, 1, 2, True) and WorkerSpec.from_env({}) is None
-    assert back.failures == [7] and back.fired_file(7) == Path("o") / "fired-7"
+    assert back.failures == [7] and (back.control, back.phase) == ("127.0.0.1:5", 3)
     (tmp_path / "bad.json").write_text('{"job": "j", "until": 1, "choose": true}')
     with pytest.raises(SpecError, match="unknown keys \\['choose'\\]"):
         WorkerSpec.from_file(tmp_path / "bad.json")
@@ -562,10 +564,10 @@ def test_a_phase_started_ahead_is_cancelled_when_the_one_before_crashes_and_take
                      ("ahead", 2, False), ("launch", 2, True)], order  # fmt: skip
     waiting = [r["phase"] for r in recs if r.get("event") == "waiting"]
     assert waiting == [2]  # the cancelled phase's records were never taken: its directory is gone
-    assert not (run_dir / "phase1" / "cancel").exists() and (run_dir / "phase2" / "go").exists()
     # the old phase's rank 0 said go right after its final commit, before its `done` record
     done_at = next(r["at"] for r in recs if r.get("event") == "done" and r["phase"] == 1)
-    assert (run_dir / "phase2" / "go").stat().st_mtime <= done_at
+    go_at = next(r["go_at"] for r in recs if r.get("event") == "ready" and r["phase"] == 2)
+    assert go_at <= done_at, (go_at, done_at)
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["steps"] == 44 and s["ledger"]["ok"]
     change = s["reconfigurations"][-1]
@@ -577,21 +579,25 @@ def test_a_phase_started_ahead_is_cancelled_when_the_one_before_crashes_and_take
 STARTED_AHEAD = """
 import json, os, sys, time, torch
 from pathlib import Path
+from tenplex.runtime.channel import Channel
 from tenplex.runtime.job import ElasticJob
 from tenplex.runtime.spec import WorkerSpec
+from tenplex.util import free_port
 
 out = Path(sys.argv[1])
-spec = WorkerSpec(job="j", until=4, out=str(out), ahead=True)
+channel = Channel("127.0.0.1", free_port())  # the controller's end, here in the rank's own process
+channel.serve()
+spec = WorkerSpec(job="j", until=4, out=str(out), ahead=True, control=channel.address, phase=1)
 spec.to_file(out / "spec.json")
 os.environ.update(TENPLEX_WORKER_SPEC=str(out / "spec.json"), RANK="0", WORLD_SIZE="1",
                   MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
 job = ElasticJob()
-"""  # a one-rank job of a phase started ahead, its directory argv[1], its group's port argv[2]
+"""  # a one-rank job of phase 1, started ahead: its directory argv[1], its group's port argv[2]
 
 CANCELLED = (
     STARTED_AHEAD
     + """
-(out / sys.argv[3]).touch()
+getattr(channel, sys.argv[3])(1)
 print("turn", job.wait_turn(), job.wait_turn(), flush=True)  # asked once
 job.resume({"w": torch.zeros(2)})
 print("resumed")
@@ -623,19 +629,20 @@ def test_a_script_started_ahead_waits_for_its_turn_and_ends_cleanly_when_cancell
 LATE = (
     STARTED_AHEAD
     + """
-(out / "go").touch()
+told = time.time()
+channel.go(1)
 time.sleep(0.5)  # still building when told to go
 job.resume({"w": torch.zeros(2)})
 job.ready(0)
 records = map(json.loads, (out / "worker.jsonl").read_text().splitlines())
 rec = next(r for r in records if r["kind"] == "ready")
-print(round(rec["go_at"] - (out / "go").stat().st_mtime, 3))  # told at the write, not 0.5 s later
+print(round(rec["go_at"] - told, 2))  # told when the turn was given, not 0.5 s later
 """
 )
 
 
 def test_a_rank_still_building_when_told_to_go_counts_the_wait_as_build_not_go(tmp_path):
-    """A phase started ahead is told to go when the go file is written; a rank that sees it only after it
+    """A phase started ahead is told to go when its turn is given; a rank that sees it only after it
     finished building must not make the downtime breakdown call its late build `go`."""
     from tenplex.util import free_port
 

@@ -19,8 +19,9 @@ from typing import Any
 
 from ..ptc import TenplexError
 from ..ptc.layout import Layout
-from ..util import env, logs
+from ..util import env, free_port, logs
 from .ahead import Ahead
+from .channel import Channel
 from .chooser import ChooserError, choose
 from .downtime import reconfiguration
 from .durable_tier import DurableTier
@@ -69,16 +70,25 @@ class Controller:
         pool_size = min(MAX_STANDBY, max([e.devices or 0 for e in cfg.schedule] + [1]))
         make = NamespaceLauncher if cfg.network == "netns" else Launcher
         self.launcher = make(cfg.run_dir, self.hosts, pool_size)
-        self.monitor = Monitor(self.timeline, self.live, self.hosts, self.launcher, self._on_record)
+        # the signals to the ranks (stop, turn, fired): a store served once torch is imported (`_warm`)
+        self.channel = Channel(self.hosts.control_host, free_port(self.hosts.control_host))
+        self.monitor = Monitor(
+            self.timeline, self.live, self.hosts, self.launcher, self.channel, self._on_record
+        )
         self._prev: Phase | None = None
         self._next: tuple[Phase, list[Event]] | None = None  # a phase whose successor may start ahead
         self._ahead: Ahead | None = None  # that successor, once started
         self._said_overrides = False
         # the controller's own torch import, off the first reconfiguration's path (joined before any use)
-        self._preload = threading.Thread(target=importlib.import_module, args=("tenplex.transformer",))
+        self._preload = threading.Thread(target=self._warm)
         self._preload.daemon = True
         self._preload.start()
         self.tier = DurableTier(cfg.run_dir / "durable", cfg.job, self.timeline, self._preload)
+
+    def _warm(self) -> None:
+        """The controller's torch import, then its channel's store (the ranks connect when they need it)."""
+        self.channel.serve()
+        importlib.import_module("tenplex.transformer")
 
     @property
     def durable(self) -> str | None:
@@ -144,9 +154,8 @@ class Controller:
                 self.monitor.watch(phase, by_step, stop_at, bool(cfg.script) and self._on_cpus())
             finally:
                 ahead, self._ahead, self._next = self._ahead, None, None
-                if ahead is not None and not ahead.go_given:  # the phase ended otherwise: not the plan
-                    ahead.cancel(self.launcher.release)
-                    ahead = None
+                if ahead is not None and not ahead.go_given and ahead.cancel(self.launcher.release):
+                    ahead = None  # the phase ended otherwise: not the plan
             self._no_room_for(phase)
             # told to go (`ahead`): this phase's final save committed, whatever its teardown did
             if phase.crashed and ahead is None:  # without progress: no step trained, or none past the last
@@ -281,7 +290,8 @@ class Controller:
             steps=cfg.steps,
             snapshot_every=cfg.snapshot_every,
             out=str(phase.dir),
-            stop_file=str(phase.dir / "stop"),
+            control=self.channel.address,
+            phase=phase.index,
             durable=self.durable,
             layout=phase.layout,
             train=train,
@@ -348,7 +358,8 @@ class Controller:
         failures = [e.step for e in rest if e.is_failure and current.until <= e.step < until]
         devices = self._place(layout, alloc, current)
         phase = self._phase(current.index + 1, layout, devices, current.until, until, failures)
-        ahead = Ahead(phase, current, (layout, devices, phase.start_step, until, phase.failures))
+        plan = (layout, devices, phase.start_step, until, phase.failures)
+        ahead = Ahead(phase, current, plan, self.channel)
         try:
             self.launcher.launch(phase, replace(self._spec(phase), ahead=True), self.cfg.script)
         except Exception as e:  # only an optimization: the boundary launches it (and says what fails)
@@ -377,8 +388,7 @@ class Controller:
         devices = self._place(layout, list(self.hosts.allocation), prev)
         due = sorted({ahead.phase.due(s) for s in failures if ahead.phase.due(s) < until})
         if not ahead.matches((layout, devices, step, until, due)):
-            if not ahead.go_given:
-                ahead.cancel(self.launcher.release)
+            if not ahead.go_given and ahead.cancel(self.launcher.release):
                 return None
             log.warning("phase %d (started ahead) differs from the plan; it runs", ahead.phase.index)
         self._announce(ahead.phase, prev, ahead=True)

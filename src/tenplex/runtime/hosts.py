@@ -46,6 +46,11 @@ class EmulatedHosts:
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
     closed: bool = field(default=False, repr=False, compare=False)
 
+    @property
+    def control_host(self) -> str:
+        """The address the ranks reach the controller at (its channel's store)."""
+        return "127.0.0.1"
+
     # -- stores --------------------------------------------------------------------------------------------
     @property
     def _state_file(self) -> Path:

@@ -8,7 +8,6 @@ workload's rank is such a script too. Nothing here imports the reference workloa
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from ..transformer.stores import client, resolve
 from ..transformer.world import decide, init_distributed
 from ..util import env
 from . import rounds
+from .channel import RankChannel
 from .control import any_rank, from_every_rank, sum_over_ranks
 from .durable_tier import newest_checkpoint
 from .records import Records
@@ -101,6 +101,7 @@ class ElasticJob:
         every = snapshot_every if spec is None or spec.snapshot_every is None else spec.snapshot_every
         self.every = int(every or 0)
         self.stop_file = spec.stop_file if spec else stop_file
+        self.channel = _channel(spec)  # the runtime's signals: stop, turn, fired (None: no runtime)
         self.durable = spec.durable if spec else durable
         self.store = spec.store if spec else None  # None: the transformer's default ($TENPLEX_STORE)
         self.sources = (spec.sources if spec else None) or None  # None: the transformer finds them
@@ -157,18 +158,12 @@ class ElasticJob:
         Other phases go at once. `resume` calls it; call it earlier to overlap more with the old layout."""
         if self._turn is None:
             self._turn = True
-            go, cancel = (self.spec.go_file(), self.spec.cancel_file()) if self.ahead else (None, None)
-            if go is not None and cancel is not None:
+            if self.ahead and self.channel is not None:
                 self.record("waiting", seconds=time.time() - self._init_at)  # built this long after start
-                while not go.exists():
-                    if cancel.exists():
-                        self._turn = False
-                        break
-                    time.sleep(TURN_POLL_S)
-                self._go_at = time.time()
-                if self._turn:  # told when the go file was written: a rank that was still building then
-                    with contextlib.suppress(OSError):  # sees it late, and that wait is build, not go
-                        self._go_at = min(self._go_at, go.stat().st_mtime)
+                self._turn, told = self.channel.wait_turn()
+                # told when the turn was given: a rank that was still building then sees it late, and
+                # that wait is build, not go
+                self._go_at = min(time.time(), told) if self._turn else time.time()
         return self._turn
 
     def resume(self, state: State) -> int:
@@ -263,7 +258,7 @@ class ElasticJob:
     def running(self, step: int) -> bool:
         """Whether to train step `step + 1`: all ranks get the same answer (one all-reduce)."""
         self.ready(step)
-        going = not _stop_requested(self.stop_file) and step < self.until
+        going = not _stop_requested(self.stop_file, self.channel) and step < self.until
         if not going:
             rounds.note_end(step >= self.until)
         return going
@@ -275,8 +270,10 @@ class ElasticJob:
         metrics.setdefault("step_time", now - self._last)
         self._last = now
         self.record("step", step=step, loss=float(loss), **metrics)
-        if self.spec and step in self.spec.failures:  # before this step's snapshot: it cannot commit then,
-            _await_failure(self.spec.fired_file(step), step)  # so every run replays the same steps
+        if self.spec and step in self.spec.failures and self.channel is not None:  # before this step's
+            # snapshot: it cannot commit then, so every run replays the same steps; the killed ranks die
+            # here, the others go on into collectives whose peers are gone, as after any failure
+            self.channel.await_fired(step, FAILURE_WAIT_S)
         if self.every and step % self.every == 0 and step < self.until:
             self._wait_pending()
             t = time.perf_counter()
@@ -352,38 +349,33 @@ class ElasticJob:
     def _hand_over(self) -> None:
         """Rank 0, the final save committed: the phase started ahead after this one (if the controller
         named one) may go now, without waiting for the controller to read the `done` record."""
-        named = self.spec.next_file() if self.spec is not None and self.rank == 0 else None
-        try:
-            go = Path(named.read_text().strip()) if named is not None else None
-            if go is not None:
-                go.touch()
-        except OSError:  # none was named
-            pass
+        if self.rank == 0 and self.channel is not None and self.spec is not None and self.spec.control:
+            self.channel.hand_over()
 
 
 def _state(state: State) -> dict[str, Any]:
     return state() if callable(state) else state
 
 
-TURN_POLL_S = 0.005  # how often a rank started ahead looks for its go (or cancel) file
 FAILURE_WAIT_S = 120.0  # a controller that never fires the failure it announced: the rank ends with an error
 
 
-def _await_failure(fired: Path | None, step: int) -> None:
-    """Wait where the schedule injects a failure until the controller fired it: the killed ranks die here,
-    the others go on into collectives whose peers are gone, as after any failure."""
-    deadline = time.monotonic() + FAILURE_WAIT_S
-    while fired is not None and not fired.exists():
-        if time.monotonic() > deadline:
-            raise JobError(f"the failure due at step {step} was never injected ({fired} missing)")
-        time.sleep(0.01)
+def _channel(spec: WorkerSpec | None) -> RankChannel | None:
+    """The runtime's signals for this rank: its controller's store (`tenplex run`), its agent's (a worker
+    of `tenplex agent`), or none (a script on its own, or under torchrun)."""
+    if spec is not None and spec.control:
+        return RankChannel(spec.control, spec.phase)
+    placed, number = rounds.worker_agent(), os.environ.get(rounds.ROUND)
+    if placed is not None and number:
+        return RankChannel(placed[0], int(number), store=rounds.agent_store())
+    return None
 
 
-def _stop_requested(path: str | None) -> bool:
-    """Rank 0 looks for the stop file, every rank kept by a `tenplex agent` asks its agent; all ranks agree
-    through one all-reduce, so they stop together."""
-    asked = bool(path and dist.get_rank() == 0 and os.path.exists(path)) or rounds.stop_asked()
-    return any_rank(asked)
+def _stop_requested(path: str | None, channel: RankChannel | None) -> bool:
+    """Rank 0 looks for the stop file (`--stop-file`), every rank asks its runtime (its controller, or its
+    own host's agent); all ranks agree through one all-reduce, so they stop together."""
+    asked = bool(path and dist.get_rank() == 0 and os.path.exists(path))
+    return any_rank(asked or (channel is not None and channel.stop_asked()))
 
 
 def _persisted() -> str | None:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..util import logs
+from .channel import Channel
 from .hosts import EmulatedHosts, host_of
 from .launcher import Launcher
 from .live import LiveView
@@ -33,9 +34,11 @@ class Monitor:
         live: LiveView,
         hosts: EmulatedHosts,
         launcher: Launcher,
+        channel: Channel,
         on_record: Callable[[Phase, dict], None],
     ) -> None:
         self.timeline, self.live, self.hosts, self.launcher = timeline, live, hosts, launcher
+        self.channel = channel
         self.on_record = on_record
         self.exiting: list[tuple[Role, float]] = []  # finished phases' ranks tearing down, since
         self.cut: dict[str, float] = {}  # partitioned hosts not yet detected, since
@@ -72,7 +75,7 @@ class Monitor:
                 self.fail(phase, e)
                 self.fired(phase)
         if stop_at is not None and time.time() >= stop_at:
-            (phase.dir / "stop").touch()
+            self.channel.stop(phase.index)
         if self.cut and phase.failed_at is None and time.time() - self._probed > PROBE_EVERY_S:
             self.detect(phase)
         codes = [p.poll() for i, p in enumerate(phase.procs) if i not in phase.detached]
@@ -103,7 +106,7 @@ class Monitor:
         """Let the ranks waiting at a failure's step go on: the killed ones are gone, the rest find out."""
         for s in phase.failures:
             if s <= phase.last_step:
-                (phase.dir / f"fired-{s}").touch()
+                self.channel.fire(phase.index, s)
 
     def crashed(self, phase: Phase) -> None:
         phase.failed_at = time.time()

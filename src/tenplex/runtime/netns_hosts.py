@@ -84,6 +84,10 @@ class NamespaceHosts(EmulatedHosts):
         self.dropped: dict[str, str] = {}  # cut-off hosts the job went on without -> their store's URL
         self.final: dict[str, dict] = {}  # failed hosts: their address and counters when they died
 
+    @property
+    def control_host(self) -> str:
+        return self.ctl.addr
+
     def store_url(self, host: str) -> str:
         with self.lock:
             return self._store_url(host)

@@ -155,13 +155,6 @@ def agent_store() -> dist.TCPStore | None:
     return _agent[0]
 
 
-def stop_asked() -> bool:
-    """Whether this worker's agent asked the round to stop at the next step boundary (a membership
-    change, a leave, `tenplex stop`). Every rank asks its own agent; the job's all-reduce joins them."""
-    store, number = agent_store(), os.environ.get(ROUND)
-    return bool(store is not None and number and has(store, f"stop/{number}"))
-
-
 def mark_ready(job: str) -> None:
     """Rank 0: the round's ranks have loaded (a leaving host's store is no longer needed); the job's name
     in the stores (what the agent persists)."""

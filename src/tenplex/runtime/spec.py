@@ -34,17 +34,19 @@ class WorkerSpec:
     steps: int | None = None
     snapshot_every: int | None = 0
     out: str | None = None  # where records go (worker.jsonl, ledgers)
-    stop_file: str | None = None  # stop (and save) at the next step once it exists
+    stop_file: str | None = None  # stop (and save) at the next step once it exists (torchrun: --stop-file)
+    control: str | None = None  # host:port of the runtime's store: its signals to the ranks (`channel`)
+    phase: int = 0  # this phase's number there
     durable: str | None = None  # a persisted DCP snapshot to fall back to
     layout: Layout | None = None  # None: the rank chooses for its WORLD_SIZE (torchrun) or lays itself out
     train: dict[str, Any] | None = None  # the reference workload's TrainConfig (None for a user's script)
     table: dict | None = None  # para-config (devices -> layout) for that choice
     min_step_seconds: float = 0.0  # pace steps: emulates slower devices (tests, demos)
     # steps at which the schedule injects a failure in this phase: the ranks wait after each until it has
-    # hit (`fired_file`), so it lands at that step however fast they train
+    # hit (`RankChannel.await_fired`), so it lands at that step however fast they train
     failures: list[int] = field(default_factory=list)
-    # started ahead, while the phase before still trains: the ranks build, then wait for `go_file` (that
-    # phase's final save committed) or `cancel_file` (it ended otherwise) before they load anything
+    # started ahead, while the phase before still trains: the ranks build, then wait for their turn (that
+    # phase's final save committed) or a cancel (it ended otherwise) before they load anything
     ahead: bool = False
     fresh: bool = False  # start over even when stores that may hold a snapshot are lost (`run --fresh`)
     # this rank's placement, from the environment (not in the file: one file serves every rank of a phase)
@@ -99,27 +101,6 @@ class WorkerSpec:
         self.sources = tenv.url_list(SOURCES, environ) or self.sources
         self.emulated_hosts = tenv.flag(EMULATED_HOSTS, environ) or self.emulated_hosts
         return self
-
-    def fired_file(self, step: int) -> Path | None:
-        """The file the controller creates once the failure due at `step` hit (or had nothing to hit)."""
-        return self._phase_file(f"fired-{step}")
-
-    def go_file(self) -> Path | None:
-        """Started ahead: the file that says the state to start from is committed."""
-        return self._phase_file("go")
-
-    def cancel_file(self) -> Path | None:
-        """Started ahead: the file the controller creates when this phase will not run after all."""
-        return self._phase_file("cancel")
-
-    def next_file(self) -> Path | None:
-        """Where the controller names the go file of the phase it started ahead after this one: rank 0
-        touches that file once this phase's final save committed (the controller would, a poll later)."""
-        return self._phase_file("next")
-
-    def _phase_file(self, name: str) -> Path | None:
-        """A file of the phase's directory, through which the controller and the ranks signal each other."""
-        return Path(self.out) / name if self.out else None
 
     def rank_env(self, path: Path) -> dict[str, str]:
         """The variables that hand this spec and its placement to a rank process."""

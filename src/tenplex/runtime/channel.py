@@ -1,0 +1,148 @@
+"""The runtime's signals to its ranks through a TCPStore, torch's own tool for this (set, wait, compare_set).
+
+`tenplex run`'s controller hosts one (`Channel`, on its own address: loopback, or its namespace's on
+namespace hosts); a `tenplex agent` hosts one for its workers. Keys are per phase (a round under an agent):
+
+- `stop/N`: stop at the next step boundary and save;
+- `turn/N`: a phase started ahead goes ("go TIME") or never runs ("cancel"): the first word wins
+  (`compare_set`), so the ranks, the controller and the old phase's rank 0 all read the same answer;
+- `next/N`: the phase started ahead after phase N, whose turn N's rank 0 gives once its final save committed;
+- `fired/N/STEP`: the failure the schedule injects at STEP hit; the ranks waiting there go on.
+
+Ranks wait on a key (`TCPStore.wait`) instead of polling a file, and a rank whose runtime is gone finds
+out at its next look (the connection breaks) instead of waiting forever.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+from ..ptc import TenplexError
+
+CONNECT_S = 60.0  # a rank waits this long for its runtime's store to answer (it may start after the rank)
+LONG_S = 7 * 24 * 3600.0  # a rank started ahead may wait a whole phase for its turn
+
+
+class ChannelError(TenplexError):
+    """The runtime's store cannot be reached: the runtime is gone, or never started its channel."""
+
+
+def _connect(address: str, timeout: float) -> Any:
+    import torch.distributed as dist
+
+    host, _, port = address.rpartition(":")
+    try:
+        return dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout))
+    except (RuntimeError, ValueError) as e:
+        raise ChannelError(f"the runtime's store at {address} does not answer: {_said(e)}") from None
+
+
+def _said(e: BaseException) -> str:
+    """torch's error, its first line (the rest is a C++ stack)."""
+    return str(e).strip().split("\n", 1)[0]
+
+
+def _went(value: bytes | str) -> tuple[bool, float]:
+    """(went, when) from a `turn` value: "go TIME" or "cancel"."""
+    text = value.decode() if isinstance(value, bytes) else value
+    word, _, when = text.partition(" ")
+    return word == "go", float(when or 0.0)
+
+
+class Channel:
+    """The controller's end: it hosts the store. Made at once (the address goes into the ranks' spec);
+    the store itself starts in `serve`, on the thread that imports torch, and every call waits for it."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.address = f"{host}:{port}"
+        self._store: Any = None
+        self._error: str | None = None
+        self._served = threading.Event()
+
+    def serve(self) -> None:
+        import torch.distributed as dist
+
+        host, _, port = self.address.rpartition(":")
+        try:
+            self._store = dist.TCPStore(
+                host, int(port), is_master=True, wait_for_workers=False, timeout=timedelta(seconds=CONNECT_S)
+            )
+        except (RuntimeError, ValueError) as e:
+            self._error = f"the runtime's store could not start at {self.address}: {_said(e)}"
+        finally:
+            self._served.set()
+
+    @property
+    def store(self) -> Any:
+        self._served.wait()
+        if self._store is None:
+            raise ChannelError(self._error or f"the runtime's store at {self.address} did not start")
+        return self._store
+
+    def stop(self, phase: int) -> None:
+        self.store.set(f"stop/{phase}", "1")
+
+    def fire(self, phase: int, step: int) -> None:
+        self.store.set(f"fired/{phase}/{step}", "1")
+
+    def name_next(self, phase: int, after: int) -> None:
+        """Phase `phase` was started ahead after phase `after`: `after`'s rank 0 gives it its turn."""
+        self.store.set(f"next/{after}", str(phase))
+
+    def go(self, phase: int) -> bool:
+        """Give phase `phase` its turn unless it was cancelled; whether it goes."""
+        return _went(self.store.compare_set(f"turn/{phase}", "", f"go {time.time()}"))[0]
+
+    def cancel(self, phase: int) -> bool:
+        """Cancel phase `phase` unless it was told to go already; whether it is cancelled."""
+        return not _went(self.store.compare_set(f"turn/{phase}", "", "cancel"))[0]
+
+    def went(self, phase: int) -> bool:
+        """Whether phase `phase` was told to go."""
+        key = f"turn/{phase}"
+        return bool(self.store.check([key])) and _went(self.store.get(key))[0]
+
+
+class RankChannel:
+    """A rank's end: its phase's keys in its runtime's store, connected on first use (after any fork)."""
+
+    def __init__(self, address: str, phase: int, store: Any = None) -> None:
+        self.address, self.phase, self._store = address, phase, store
+
+    @property
+    def store(self) -> Any:
+        if self._store is None:
+            self._store = _connect(self.address, CONNECT_S)
+        return self._store
+
+    def _ask(self, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except RuntimeError as e:  # the connection broke: the runtime is gone
+            raise ChannelError(f"lost the runtime's store at {self.address}: {_said(e)}") from None
+
+    def stop_asked(self) -> bool:
+        return bool(self._ask(self.store.check, [f"stop/{self.phase}"]))
+
+    def wait_turn(self) -> tuple[bool, float]:
+        """Wait until this phase is told to go or cancelled: (goes, when it was told)."""
+        key = f"turn/{self.phase}"
+        self._ask(self.store.wait, [key], timedelta(seconds=LONG_S))
+        return _went(self._ask(self.store.get, key))
+
+    def await_fired(self, step: int, timeout: float) -> None:
+        """Wait where the schedule injects a failure until the runtime fired it."""
+        try:
+            self.store.wait([f"fired/{self.phase}/{step}"], timedelta(seconds=timeout))
+        except RuntimeError as e:
+            raise ChannelError(f"the failure due at step {step} was never injected: {_said(e)}") from None
+
+    def hand_over(self) -> None:
+        """This phase's final save committed: the phase started ahead after it (if one was named) goes."""
+        key = f"next/{self.phase}"
+        if self._ask(self.store.check, [key]):
+            after = self._ask(self.store.get, key).decode()
+            self._ask(self.store.compare_set, f"turn/{after}", "", f"go {time.time()}")

@@ -82,6 +82,14 @@ def _agent_args(p: argparse.ArgumentParser) -> None:
         default=0.1,
         help="seconds between the agent's looks at its workers and the rendezvous",
     )
+    _store_args(p)
+    p.add_argument("-m", "--module", action="store_true", help="run TARGET as a module (python -m)")
+    p.add_argument("script", metavar="TARGET", help="the training script (or module with -m)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
+
+
+def _store_args(p: argparse.ArgumentParser) -> None:
+    """The host's store, its replicas and its durable tier."""
     p.add_argument("--store", default=None, help="attach to this store URL instead of starting one")
     p.add_argument("--store-port", type=int, default=7070, help="port of the store the agent starts")
     p.add_argument("--store-memory", default="8GiB", help="most bytes the store holds (default 8GiB)")
@@ -113,9 +121,6 @@ def _agent_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--run-dir", default=None, help="records and logs (default tenplex-agent-RDZV_ID)")
     p.add_argument("--keep-store", action="store_true", help="leave the store running when the job ends")
-    p.add_argument("-m", "--module", action="store_true", help="run TARGET as a module (python -m)")
-    p.add_argument("script", metavar="TARGET", help="the training script (or module with -m)")
-    p.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
 
 
 def _rdzv_args(p: argparse.ArgumentParser) -> None:

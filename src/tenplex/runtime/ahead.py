@@ -21,11 +21,17 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import takewhile
+from typing import Any
 
+from ..ptc.layout import Layout
 from ..util import logs
 from .channel import Channel
+from .chooser import ChooserError
+from .hosts import HostsError
 from .phase import Phase
+from .schedule import Event
 from .standby import Role
 
 log = logs.get("runtime")
@@ -76,3 +82,83 @@ class Ahead:
         log.info("phase %d (started ahead) cancelled: phase %d ended otherwise", self.phase.index,
                  self.after.index)  # fmt: skip
         return True
+
+
+class StartsAhead:
+    """The controller's part in starting a phase ahead: whether the next phase is known (`_may_go_ahead`),
+    starting it (`_go_ahead`), telling it to go on the old phase's `done` record, and taking it at the
+    boundary (`_take`). The rest of the plan (layout, placement, spec, launch) is the controller's own."""
+
+    _next: tuple[Phase, list[Event]] | None  # a phase whose successor may start ahead
+    _ahead: Ahead | None  # that successor, once started
+    cfg: Any  # the rest is the controller's (`runtime/controller.py`)
+    end: int
+    hosts: Any
+    launcher: Any
+    timeline: Any
+    channel: Channel
+
+    def _ahead_on_record(self, phase: Phase, r: dict) -> None:
+        if r["kind"] == "step" and self._next is not None and self._next[0] is phase:
+            self._ahead, self._next = self._go_ahead(*self._next), None
+        if r["kind"] == "done" and self._ahead is not None and self._ahead.after is phase:
+            self._ahead.go()
+
+    def _may_go_ahead(self, phase: Phase, by_step: list[Event], by_time: list[Event]) -> bool:
+        """Whether `phase` ends at a step the schedule names with a change (not a failure, not a time), so
+        the next phase is known now; on CPUs only."""
+        if not self.cfg.ahead or by_time or phase.failures or phase.until >= self.end:
+            return False
+        nxt = [e for e in by_step if e.step == phase.until]
+        return bool(nxt) and not nxt[0].is_failure and self._on_cpus()
+
+    def _go_ahead(self, current: Phase, by_step: list[Event]) -> Ahead | None:
+        """Start the phase after `current` now, planned as the boundary would plan it (`_run`), on a
+        preview of the allocation; None when that plan cannot be made now."""
+        events = list(takewhile(lambda e: e.step <= current.until and not e.is_failure, by_step))
+        rest = by_step[len(events) :]
+        try:
+            alloc = self.hosts.preview(events)
+            layout = self._layout(len(alloc), events[-1].forced)
+        except (HostsError, ChooserError):  # the boundary says so, in its own words
+            return None
+        until = min([self.end] + [e.step for e in rest if not e.is_failure])
+        failures = [e.step for e in rest if e.is_failure and current.until <= e.step < until]
+        devices = self._place(layout, alloc, current)
+        phase = self._phase(current.index + 1, layout, devices, current.until, until, failures)
+        plan = (layout, devices, phase.start_step, until, phase.failures)
+        ahead = Ahead(phase, current, plan, self.channel)
+        try:
+            self.launcher.launch(phase, replace(self._spec(phase), ahead=True), self.cfg.script)
+        except Exception as e:  # only an optimization: the boundary launches it (and says what fails)
+            ahead.cancel(self.launcher.release)  # the ranks it did start
+            self.timeline.write("ahead_skipped", phase=phase.index, error=f"{type(e).__name__}: {e}")
+            log.warning("phase %d not started ahead: %s", phase.index, e)
+            return None
+        ahead.name_go()
+        self.timeline.write("ahead", phase=phase.index, layout=phase.label, devices=devices,
+                            step=phase.start_step, at=current.last_step)  # fmt: skip
+        return ahead
+
+    def _take(
+        self,
+        ahead: Ahead | None,
+        layout: Layout | None,
+        step: int,
+        until: int,
+        prev: Phase | None,
+        failures: list[int],
+    ) -> Phase | None:
+        """The phase started ahead, if it is the one the boundary plans (always, once told to go: its ranks
+        may have loaded); else it is cancelled and None returned."""
+        if ahead is None:
+            return None
+        devices = self._place(layout, list(self.hosts.allocation), prev)
+        due = sorted({ahead.phase.due(s) for s in failures if ahead.phase.due(s) < until})
+        if not ahead.matches((layout, devices, step, until, due)):
+            if not ahead.go_given and ahead.cancel(self.launcher.release):
+                return None
+            log.warning("phase %d (started ahead) differs from the plan; it runs", ahead.phase.index)
+        self._announce(ahead.phase, prev, ahead=True)
+        self._network()
+        return ahead.phase

@@ -14,21 +14,21 @@ import os
 import threading
 import time
 from dataclasses import asdict, replace
-from itertools import takewhile
 from typing import Any
 
 from ..ptc import TenplexError
 from ..ptc.layout import Layout
 from ..util import env, free_port, logs
-from .ahead import Ahead
+from .ahead import Ahead, StartsAhead
 from .channel import Channel
 from .chooser import ChooserError, choose
 from .downtime import reconfiguration
 from .durable_tier import DurableTier
-from .hosts import EmulatedHosts, HostsError, host_of
+from .hosts import EmulatedHosts, host_of
 from .launcher import Launcher
 from .live import LiveView
 from .monitor import Monitor, catch_up
+from .notices import lost_line, notice
 from .phase import Phase
 from .placement import MatchSkipped, match
 from .records import Records
@@ -46,7 +46,7 @@ class JobFailed(TenplexError):
     """The ranks keep crashing: retrying would only loop; their logs say why."""
 
 
-class Controller:
+class Controller(StartsAhead):
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
@@ -224,7 +224,7 @@ class Controller:
 
     def _apply(self, e: Event, step: int) -> None:
         self.hosts.apply(e)
-        self.forced = _forced(e)
+        self.forced = e.forced
         self.timeline.write("event", step=step, event=e.describe(), devices=list(self.hosts.allocation))
 
     def _elapsed(self) -> float:
@@ -273,7 +273,7 @@ class Controller:
 
                 jobrecord.forget(self.cfg.job)
             what = f"its persisted snapshot {self.durable}" if self.durable else "step 0 (--fresh)"
-            self.live.note(f"the stores of job {self.cfg.job} are lost ({_lost_line(e.lost)}); "
+            self.live.note(f"the stores of job {self.cfg.job} are lost ({lost_line(e.lost)}); "
                            f"starting from {what}")  # fmt: skip
             return 0
 
@@ -335,66 +335,6 @@ class Controller:
         self.live.note(f"phase {phase.index}: {phase.label} on {on}, steps {phase.start_step}..{phase.until}")
         self._prev = prev
 
-    # -- a phase started ahead (see `ahead`) ---------------------------------------------------------------
-    def _may_go_ahead(self, phase: Phase, by_step: list[Event], by_time: list[Event]) -> bool:
-        """Whether `phase` ends at a step the schedule names with a change (not a failure, not a time), so
-        the next phase is known now; on CPUs only."""
-        if not self.cfg.ahead or by_time or phase.failures or phase.until >= self.end:
-            return False
-        nxt = [e for e in by_step if e.step == phase.until]
-        return bool(nxt) and not nxt[0].is_failure and self._on_cpus()
-
-    def _go_ahead(self, current: Phase, by_step: list[Event]) -> Ahead | None:
-        """Start the phase after `current` now, planned as the boundary would plan it (`_run`), on a
-        preview of the allocation; None when that plan cannot be made now."""
-        events = list(takewhile(lambda e: e.step <= current.until and not e.is_failure, by_step))
-        rest = by_step[len(events) :]
-        try:
-            alloc = self.hosts.preview(events)
-            layout = self._layout(len(alloc), _forced(events[-1]))
-        except (HostsError, ChooserError):  # the boundary says so, in its own words
-            return None
-        until = min([self.end] + [e.step for e in rest if not e.is_failure])
-        failures = [e.step for e in rest if e.is_failure and current.until <= e.step < until]
-        devices = self._place(layout, alloc, current)
-        phase = self._phase(current.index + 1, layout, devices, current.until, until, failures)
-        plan = (layout, devices, phase.start_step, until, phase.failures)
-        ahead = Ahead(phase, current, plan, self.channel)
-        try:
-            self.launcher.launch(phase, replace(self._spec(phase), ahead=True), self.cfg.script)
-        except Exception as e:  # only an optimization: the boundary launches it (and says what fails)
-            ahead.cancel(self.launcher.release)  # the ranks it did start
-            self.timeline.write("ahead_skipped", phase=phase.index, error=f"{type(e).__name__}: {e}")
-            log.warning("phase %d not started ahead: %s", phase.index, e)
-            return None
-        ahead.name_go()
-        self.timeline.write("ahead", phase=phase.index, layout=phase.label, devices=devices,
-                            step=phase.start_step, at=current.last_step)  # fmt: skip
-        return ahead
-
-    def _take(
-        self,
-        ahead: Ahead | None,
-        layout: Layout | None,
-        step: int,
-        until: int,
-        prev: Phase | None,
-        failures: list[int],
-    ) -> Phase | None:
-        """The phase started ahead, if it is the one the boundary plans (always, once told to go: its ranks
-        may have loaded); else it is cancelled and None returned."""
-        if ahead is None:
-            return None
-        devices = self._place(layout, list(self.hosts.allocation), prev)
-        due = sorted({ahead.phase.due(s) for s in failures if ahead.phase.due(s) < until})
-        if not ahead.matches((layout, devices, step, until, due)):
-            if not ahead.go_given and ahead.cancel(self.launcher.release):
-                return None
-            log.warning("phase %d (started ahead) differs from the plan; it runs", ahead.phase.index)
-        self._announce(ahead.phase, prev, ahead=True)
-        self._network()
-        return ahead.phase
-
     def _on_record(self, phase: Phase, r: dict) -> None:
         """Once the new ranks are ready, start spares while this phase trains (for a larger next layout,
         and for a failure, after which the survivors' processes end too); once they trained their first
@@ -403,26 +343,8 @@ class Controller:
             self.launcher.fill()
         if r["kind"] == "settings":
             self._settings(r)
-        if r["kind"] == "step" and self._next is not None and self._next[0] is phase:
-            self._ahead, self._next = self._go_ahead(*self._next), None
-        if r["kind"] == "done" and self._ahead is not None and self._ahead.after is phase:
-            self._ahead.go()
-        if r["kind"] == "loaded" and r.get("skipped"):
-            self._skipped(phase, r)
-        if r["kind"] == "loaded" and r.get("lost_stores"):
-            why = r.get("lost_why") or {}
-            self.timeline.write("stores_lost", phase=phase.index, step=r["step"], lost=why)
-            self.live.note(f"phase {phase.index} loaded step {r['step']}; stores lost: {_lost_line(why)}")
-        if r["kind"] == "unreplicated":
-            failed = {u: why for u, why in r["replication"].items() if why not in ("none", "done")}
-            self.timeline.write("unreplicated", phase=phase.index, step=r["step"], replication=failed)
-            self.live.note(f"the snapshot of step {r['step']} is committed but not copied to its replicas: "
-                           + "; ".join(f"{u}: {why}" for u, why in sorted(failed.items())))  # fmt: skip
-        if r["kind"] == "store_full":
-            what = "skipped" if r["skipped"] else "tried again"
-            log.warning("phase %d: the save of step %d did not fit: %s", phase.index, r["step"], r["error"])
-            self.live.note(f"the snapshot of step {r['step']} did not fit in the stores ({what}); keeping "
-                           f"only the newest from now on: {r['error']}")  # fmt: skip
+        self._ahead_on_record(phase, r)
+        notice(self.timeline, self.live, phase, r)
         first = r["kind"] == "step" and sum(x["kind"] == "step" for x in phase.records) == 1
         if first or (r["kind"] == "done" and not phase.trained):
             info = reconfiguration(self._prev, phase)
@@ -442,15 +364,6 @@ class Controller:
                 flush=True,
             )
 
-    def _skipped(self, phase: Phase, r: dict) -> None:
-        """The ranks passed over newer snapshots they could not read (a flipped byte fails its checksum):
-        said in the timeline and the live view, as the step they resumed from instead."""
-        steps = [x["step"] for x in r["skipped"]]
-        self.timeline.write("snapshots_skipped", phase=phase.index, steps=steps, step=r["step"],
-                            errors=[x["error"] for x in r["skipped"]])  # fmt: skip
-        log.warning("phase %d: snapshots %s could not be read: %s", phase.index, steps, r["skipped"][0])
-        self.live.note(f"snapshots of steps {steps} could not be read; loaded step {r['step']} instead")
-
     def _on_cpus(self) -> bool:
         """Whether the job's devices are CPUs: then a phase may start before the last one's processes are
         gone (a script's exit; a phase started ahead), not on GPUs, whose memory the old processes hold."""
@@ -467,13 +380,3 @@ class Controller:
         if not phase.crashed:
             self.hosts.fail_devices([phase.devices[r] for r in phase.killed])
         return self.hosts.apply(Event(step=phase.last_step))
-
-
-def _forced(e: Event) -> Layout | None:
-    """The layout an event names (the next phase runs it if the devices fit), or None."""
-    return Layout.from_dict(e.layout) if e.layout else None
-
-
-def _lost_line(lost: dict[str, str]) -> str:
-    """Lost stores and why, in one line: unreachable, unproven (not the store it was) or restarted."""
-    return "; ".join(f"{u} {why.split(':', 1)[0]}" for u, why in sorted(lost.items())) or "none"

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..ptc import TenplexError
+from ..ptc.layout import Layout
 from .tables import read_table
 
 KEYS = {"step", "time", "devices", "hosts", "redeploy", "fail", "fail_hosts", "partition", "layout"}
@@ -44,6 +45,11 @@ class Event:
     @property
     def is_failure(self) -> bool:
         return bool(self.fail or self.fail_hosts or self.partition)
+
+    @property
+    def forced(self) -> Layout | None:
+        """The layout the event names (the next phase runs it if the devices fit), or None."""
+        return Layout.from_dict(self.layout) if self.layout else None
 
     def describe(self) -> str:
         at = f"step {self.step}" if self.step is not None else f"{self.time:g} s"

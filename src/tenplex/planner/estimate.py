@@ -86,7 +86,7 @@ class Links:
 LINKS: dict[str, Links] = {
     "100g": Links("100 Gbit/s NIC", 12.5),  # the interconnect class the original Tenplex ran on
     "400g": Links("400 Gbit/s NIC", 50.0),
-    "nvlink": Links("NVLink 4", 450.0, staged=False),  # an H100's NVLink per direction: half its published total
+    "nvlink": Links("NVLink 4", 450.0, staged=False),  # per direction: half of the H100 total
 }
 
 

@@ -250,6 +250,7 @@ def test_a_snapshot_on_the_stores_is_planned_ranked_inspected_and_listed(tmp_pat
     from tenplex.ptc import PTC, ModelSpec
     from tenplex.ptc.model import Param
     from tenplex.runtime.hosts import EmulatedHosts
+    from tenplex.runtime.record_types import Start
     from tenplex.runtime.records import Records
     from tenplex.store import StoreClient, start_store
 
@@ -281,7 +282,7 @@ def test_a_snapshot_on_the_stores_is_planned_ranked_inspected_and_listed(tmp_pat
         hosts.stores = {"h0": {"url": sp.url, "pid": sp.proc.pid}}
         hosts.save()
         timeline = Records(run / "timeline.jsonl")
-        timeline.write("start", job="snap", steps=3)
+        timeline.write(Start("snap", 3, [], {}))
         timeline.close()
         i = json.loads(tenplex("inspect", "--run-dir", str(run), "--json").stdout)
         assert i["job"] == "snap" and i["step"] == 3 and len(i["pieces"]) == 7

@@ -513,14 +513,15 @@ def test_a_rerun_catches_up_on_the_records_a_killed_controller_never_read(tmp_pa
     """The killed controller read phase 1 up to step 7; its ranks trained to 9 and saved. The rerun's
     timeline gets steps 8 and 9 (once: a second catch-up adds nothing), so the summary counts them."""
     from tenplex.runtime.monitor import catch_up, into_timeline
+    from tenplex.runtime.record_types import Saved, Step
     from tenplex.runtime.records import Records, read_records
     from tenplex.runtime.report import losses, timeline
 
     for index, steps in ((0, range(1, 7)), (1, range(7, 10))):
         ranks = Records(tmp_path / f"phase{index}" / "worker.jsonl")
         for s in steps:
-            ranks.write("step", step=s, loss=10.0 - s)
-        ranks.write("saved", step=steps[-1])
+            ranks.write(Step(s, 10.0 - s))
+        ranks.write(Saved(steps[-1], 0.1, 0))
         ranks.close()
     tl = Records(tmp_path / "timeline.jsonl")
     for index, read in ((0, 7), (1, 1)):  # all of phase 0; phase 1's first step

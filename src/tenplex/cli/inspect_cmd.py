@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from ..ptc import PTC, PTCError
+from ..runtime.records import Kind
 from ..store import StoreClient, StoreError
 from ..util import human_bytes, print_table
 from .args import add_store_args, store_client
@@ -25,7 +26,7 @@ def run_stores(run_dir: str, job: str | None) -> tuple[str, list[str]]:
             (d / "timeline.jsonl").read_text().splitlines() if (d / "timeline.jsonl").exists() else []
         ):
             rec = json.loads(line)
-            if rec.get("kind") == "start":
+            if rec.get("kind") == Kind.START:
                 job = rec["job"]
         if job is None:
             raise PTCError(f"--run-dir {run_dir!r}: its timeline names no job; pass --job")

@@ -31,6 +31,7 @@ from ..util import env, logs
 from . import rendezvous
 from .beacon import Beacon
 from .durable_tier import EveryNth
+from .record_types import Change, End, Left, RoundFormed, RoundLoaded, Store
 from .records import Records
 from .rounds import AgentError, Round, StoreEntry, has, job_key, known_stores, register_store
 from .workers import Workers
@@ -105,7 +106,7 @@ class Agent:
         url = cfg.store or f"http://{cfg.advertise}:{cfg.store_port}"
         try:
             health = StoreClient(url).health()
-            self.records.write("store", url=url, attached=True, incarnation=health["incarnation"])
+            self.records.write(Store(url, True, str(health["incarnation"])))
         except StoreError:
             if cfg.store:
                 raise AgentError(f"no store answers at --store {cfg.store}") from None
@@ -118,7 +119,7 @@ class Agent:
                 log=str(self.run_dir / "store.log"),
             )
             health = self.started.client().health()
-            self.records.write("store", url=url, attached=False, incarnation=health["incarnation"])
+            self.records.write(Store(url, False, str(health["incarnation"])))
         return StoreEntry(url, str(health["incarnation"]), cfg.advertise)
 
     # -- the rendezvous ---------------------------------------------------------------------------
@@ -159,16 +160,9 @@ class Agent:
             str(Path(self.cfg.persist_dir).resolve()) if self.cfg.persist_dir else None,
         )
         self._ring(stores, nodes)
+        hosts = [e.host for e in entries]
         self.records.write(
-            "round",
-            round=number,
-            node=node,
-            nodes=nodes,
-            world=rnd.world,
-            stores=stores,
-            hosts=[e.host for e in entries],
-            lost_stores=sorted(self.gone),  # stores of hosts lost so far (not those that left)
-            rendezvous_s=time.time() - t,
+            RoundFormed(number, node, nodes, rnd.world, stores, hosts, sorted(self.gone), time.time() - t)
         )
         return rnd, [e.host + "|" + e.url for e in entries]
 
@@ -211,7 +205,7 @@ class Agent:
         self.workers.stop(rnd, why)
         if not has(self.base, job_key(self.cfg.run_id, "change", rnd.number)):
             self.base.set(job_key(self.cfg.run_id, "change", rnd.number), why)
-            self.records.write("change", round=rnd.number, why=why)
+            self.records.write(Change(rnd.number, why))
 
     def _supervise(self, rnd: Round) -> str:
         """Watch the round until it ends: "done", "stop" (tenplex stop), "leave" or "change"."""
@@ -266,7 +260,7 @@ class Agent:
         if rnd.node_rank == 0 and self.marked < rnd.number and self.workers.ready(rnd):
             self.marked = rnd.number  # the round's ranks loaded: a host that left may stop its store now
             self.base.set(job_key(self.cfg.run_id, "loaded"), str(rnd.number))
-            self.records.write("loaded", round=rnd.number)
+            self.records.write(RoundLoaded(rnd.number))
         if rnd.node_rank == 0 and self.cfg.persist_every:
             self._persist(rnd)
         now = time.monotonic()
@@ -344,7 +338,7 @@ class Agent:
                 self._park(rnd)
                 if self.handler is not None:
                     self.handler.shutdown()
-                self.records.write("end", why=why, round=rnd.number)
+                self.records.write(End(why, rnd.number))
                 return 0
             new, new_members = self._rendezvous()  # while the workers save: a round forms meanwhile
             failed = self._park(rnd)
@@ -352,7 +346,7 @@ class Agent:
             if failed and not lost:
                 self.restarts += 1
                 if self.restarts > self.cfg.max_restarts:
-                    self.records.write("end", why="max_restarts", round=rnd.number)
+                    self.records.write(End("max_restarts", rnd.number))
                     self.handler.shutdown()
                     log.error(
                         "workers failed %d times (--max-restarts %d); see %s/worker-p*.log",
@@ -366,7 +360,7 @@ class Agent:
     def _leave(self, rnd: Round) -> int:
         """A planned leave: the workers saved; they end, this node leaves the rendezvous, and the store
         stays until the next round has loaded (its shards of the newest snapshot may be needed)."""
-        self.records.write("left", round=rnd.number)
+        self.records.write(Left(rnd.number))
         deadline = time.monotonic() + LINGER_S
         assert self.base is not None
         key = job_key(self.cfg.run_id, "loaded")

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..util import free_port
 from . import netns
-from .records import read_records
+from .records import Kind, read_records
 from .rounds import AgentError
 
 RDZV_PORT = 29400
@@ -264,15 +264,16 @@ def _records(path: Path) -> list[dict[str, Any]]:
 def _split(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
     for rec in recs:
-        starts = rec["kind"] in ("fresh", "loaded")  # a start after the `settings` record opens no new round
+        # a start after the `settings` record opens no new round
+        starts = rec["kind"] in (Kind.FRESH, Kind.LOADED)
         if not found or (starts and found[-1]["start"] is not None):
             found.append({"round": len(found) + 1, "start": None, "ready": None, "done": None, "steps": []})
         r = found[-1]
-        if rec["kind"] in ("fresh", "loaded"):
+        if rec["kind"] in (Kind.FRESH, Kind.LOADED):
             r["start"] = rec
-        elif rec["kind"] in ("ready", "done"):
+        elif rec["kind"] in (Kind.READY, Kind.DONE):
             r[rec["kind"]] = rec
-        elif rec["kind"] == "step":
+        elif rec["kind"] == Kind.STEP:
             r["steps"].append(rec)
     return found
 

@@ -31,6 +31,9 @@ from .channel import Channel
 from .chooser import ChooserError
 from .hosts import HostsError
 from .phase import Phase
+from .record_types import Ahead as AheadRecord
+from .record_types import AheadSkipped
+from .records import Kind
 from .schedule import Event
 from .standby import Role
 
@@ -99,9 +102,9 @@ class StartsAhead:
     channel: Channel
 
     def _ahead_on_record(self, phase: Phase, r: dict) -> None:
-        if r["kind"] == "step" and self._next is not None and self._next[0] is phase:
+        if r["kind"] == Kind.STEP and self._next is not None and self._next[0] is phase:
             self._ahead, self._next = self._go_ahead(*self._next), None
-        if r["kind"] == "done" and self._ahead is not None and self._ahead.after is phase:
+        if r["kind"] == Kind.DONE and self._ahead is not None and self._ahead.after is phase:
             self._ahead.go()
 
     def _may_go_ahead(self, phase: Phase, by_step: list[Event], by_time: list[Event]) -> bool:
@@ -132,12 +135,13 @@ class StartsAhead:
             self.launcher.launch(phase, replace(self._spec(phase), ahead=True), self.cfg.script)
         except Exception as e:  # only an optimization: the boundary launches it (and says what fails)
             ahead.cancel(self.launcher.release)  # the ranks it did start
-            self.timeline.write("ahead_skipped", phase=phase.index, error=f"{type(e).__name__}: {e}")
+            self.timeline.write(AheadSkipped(phase.index, f"{type(e).__name__}: {e}"))
             log.warning("phase %d not started ahead: %s", phase.index, e)
             return None
         ahead.name_go()
-        self.timeline.write("ahead", phase=phase.index, layout=phase.label, devices=devices,
-                            step=phase.start_step, at=current.last_step)  # fmt: skip
+        self.timeline.write(
+            AheadRecord(phase.index, phase.label, devices, phase.start_step, current.last_step)
+        )
         return ahead
 
     def _take(

@@ -31,7 +31,20 @@ from .monitor import Monitor, catch_up
 from .notices import lost_line, notice
 from .phase import Phase
 from .placement import MatchSkipped, match
-from .records import Records
+from .record_types import (
+    Applied,
+    Finish,
+    GiveUp,
+    Launch,
+    Network,
+    Reconfig,
+    Recover,
+    Resume,
+    Start,
+    StoresLost,
+    Unmatched,
+)
+from .records import Kind, Records
 from .runconfig import RunConfig
 from .schedule import Event
 from .spec import OPEN_END, WorkerSpec
@@ -121,12 +134,12 @@ class Controller(StartsAhead):
         by_time = [e for e in rest if e.time is not None]
         if resumed:
             caught_up = catch_up(self.timeline, cfg.run_dir, self._next_phase())
-            self.timeline.write("resume", step=step, stores=self.hosts.stores, caught_up=caught_up)
+            self.timeline.write(Resume(step, self.hosts.stores, caught_up))
             self.live.note(f"resuming job {cfg.job} from its committed step {step}")
         else:
             schedule = [e.describe() for e in cfg.schedule]
             train = asdict(cfg.train)
-            self.timeline.write("start", job=cfg.job, steps=cfg.steps, schedule=schedule, train=train)
+            self.timeline.write(Start(cfg.job, cfg.steps, schedule, train))
         if not self.hosts.allocation:
             self._apply(first, step)
         return step, by_step, by_time
@@ -170,7 +183,7 @@ class Controller(StartsAhead):
                     raise JobFailed(f"no devices left after the failure at step {phase.last_step}")
                 step = self._committed_step()
                 lost = phase.last_step - step
-                self.timeline.write("recover", step=step, lost_steps=lost, devices=survivors)
+                self.timeline.write(Recover(step, lost, survivors))
                 self.live.note(
                     f"recovering on {len(survivors)} devices from step {step} ({lost} steps to replay)"
                 )
@@ -184,7 +197,7 @@ class Controller(StartsAhead):
             prev, index = phase, index + 1
         self.tier.join()
         self._network()
-        self.timeline.write("finish", step=step, seconds=self._elapsed(), durable=self.durable)
+        self.timeline.write(Finish(step, self._elapsed(), self.durable))
         self.live.close()
         return {"run_dir": str(cfg.run_dir), "steps": step, "phases": index}
 
@@ -198,15 +211,15 @@ class Controller(StartsAhead):
     def _network(self) -> None:
         """Namespace hosts: each host's address and bytes in/out so far, into the timeline."""
         if self.cfg.network == "netns" and self.hosts.net.hosts:  # type: ignore[attr-defined]
-            self.timeline.write("network", hosts=self.hosts.network())  # type: ignore[attr-defined]
+            self.timeline.write(Network(self.hosts.network()))  # type: ignore[attr-defined]
 
     def _no_room_for(self, phase: Phase) -> None:
         """A final save that did not fit in the stores even with only the newest snapshot kept ends the job:
         every later layout could only go back to an older step (and run into the same wall)."""
-        failed = next((r for r in phase.records if r["kind"] == "save_failed"), None)
+        failed = next((r for r in phase.records if r["kind"] == Kind.SAVE_FAILED), None)
         if failed is None:
             return
-        self.timeline.write("give_up", step=failed["step"], error=failed["error"])
+        self.timeline.write(GiveUp(failed["step"], error=failed["error"]))
         self.live.close()
         raise JobFailed(
             f"the state at step {failed['step']} does not fit in the stores: {failed['error']} "
@@ -216,7 +229,7 @@ class Controller(StartsAhead):
     def _give_up_after(self, crashes: int, phase: Phase) -> None:
         if crashes >= MAX_CRASHES:
             logs = phase.dir / "rank*.log"
-            self.timeline.write("give_up", step=phase.last_step, crashes=crashes, logs=str(logs))
+            self.timeline.write(GiveUp(phase.last_step, crashes=crashes, logs=str(logs)))
             self.live.close()
             raise JobFailed(
                 f"ranks crashed in {crashes} phases in a row (the last at step {phase.last_step}): see {logs}"
@@ -225,7 +238,7 @@ class Controller(StartsAhead):
     def _apply(self, e: Event, step: int) -> None:
         self.hosts.apply(e)
         self.forced = e.forced
-        self.timeline.write("event", step=step, event=e.describe(), devices=list(self.hosts.allocation))
+        self.timeline.write(Applied(step, e.describe(), list(self.hosts.allocation)))
 
     def _elapsed(self) -> float:
         return time.time() - self.started
@@ -252,7 +265,7 @@ class Controller(StartsAhead):
         try:
             return match(prev.placed, layout, devices, gone, self.cfg.train.state_ptc)
         except MatchSkipped as e:  # only an optimization: the job runs in allocation order instead
-            self.timeline.write("match_skipped", layout=str(layout), error=str(e))
+            self.timeline.write(Unmatched(str(layout), str(e)))
             log.info("ranks of %s placed in allocation order: %s", layout, e)
             return devices
 
@@ -265,7 +278,7 @@ class Controller(StartsAhead):
         try:
             return newest_step(self.cfg.job, [s["url"] for s in self.hosts.stores.values()]) or 0
         except StoresLostError as e:  # the previous run's stores are gone: resume only from what is left
-            self.timeline.write("stores_lost", lost=e.lost, durable=self.durable, fresh=self.cfg.fresh)
+            self.timeline.write(StoresLost(e.lost, durable=self.durable, fresh=self.cfg.fresh))
             if self.durable is None and not self.cfg.fresh:
                 raise
             if self.durable is None:  # --fresh: the run's record named the lost stores; a new one starts
@@ -324,13 +337,14 @@ class Controller(StartsAhead):
         phase.launched = time.time()
         return phase
 
-    def _announce(self, phase: Phase, prev: Phase | None, **fields: object) -> None:
+    def _announce(self, phase: Phase, prev: Phase | None, ahead: bool | None = None) -> None:
         """The phase's devices become the allocation; its launch goes into the timeline and the live view."""
         self.hosts.allocation = phase.devices
         self.hosts.save()
         hosts = sorted({host_of(d) for d in phase.devices})
-        self.timeline.write("launch", phase=phase.index, layout=phase.label, devices=phase.devices,
-                            step=phase.start_step, until=phase.until, hosts=hosts, **fields)  # fmt: skip
+        self.timeline.write(
+            Launch(phase.index, phase.label, phase.devices, phase.start_step, phase.until, hosts, ahead=ahead)
+        )
         on = f"{len(phase.devices)} devices ({', '.join(hosts)})"
         self.live.note(f"phase {phase.index}: {phase.label} on {on}, steps {phase.start_step}..{phase.until}")
         self._prev = prev
@@ -339,17 +353,17 @@ class Controller(StartsAhead):
         """Once the new ranks are ready, start spares while this phase trains (for a larger next layout,
         and for a failure, after which the survivors' processes end too); once they trained their first
         step (or ended without one), report the change."""
-        if r["kind"] == "ready":
+        if r["kind"] == Kind.READY:
             self.launcher.fill()
-        if r["kind"] == "settings":
+        if r["kind"] == Kind.SETTINGS:
             self._settings(r)
         self._ahead_on_record(phase, r)
         notice(self.timeline, self.live, phase, r)
-        first = r["kind"] == "step" and sum(x["kind"] == "step" for x in phase.records) == 1
-        if first or (r["kind"] == "done" and not phase.trained):
+        first = r["kind"] == Kind.STEP and sum(x["kind"] == Kind.STEP for x in phase.records) == 1
+        if first or (r["kind"] == Kind.DONE and not phase.trained):
             info = reconfiguration(self._prev, phase)
             if info is not None:
-                self.timeline.write("reconfig", **info)
+                self.timeline.write(Reconfig(), **info)
                 self.live.reconfig(info)
 
     def _settings(self, r: dict) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 
 from .hosts import host_of
 from .phase import Phase
+from .records import Kind
 
 SHOWN_FROM_S = 0.005  # a part shorter than this in every change is folded into `other`
 PARTS = ("stop", "save", "go", "exit", "persist", "start", "process_group", "build", "load", "first_step")
@@ -36,20 +37,20 @@ def shown_parts(reconfigs: list[dict[str, Any]]) -> list[str]:
     return [p for p in (*PARTS, "other") if p in big]
 
 
-def _first(phase: Phase, kind: str) -> dict | None:
+def _first(phase: Phase, kind: Kind) -> dict | None:
     return next((r for r in phase.records if r["kind"] == kind), None)
 
 
 def breakdown(prev: Phase, phase: Phase) -> dict[str, float] | None:
     """Seconds per part of the change from `prev` to `phase` (see the module), or None until the new ranks
     trained a step (or ended without one)."""
-    ready, loaded = _first(phase, "ready"), _first(phase, "loaded")
-    end = _first(phase, "step") or _first(phase, "done")
+    ready, loaded = _first(phase, Kind.READY), _first(phase, Kind.LOADED)
+    end = _first(phase, Kind.STEP) or _first(phase, Kind.DONE)
     if ready is None or end is None:
         return None
-    steps = [r for r in prev.records if r["kind"] == "step"]
+    steps = [r for r in prev.records if r["kind"] == Kind.STEP]
     since = prev.failed_at if prev.failed_at is not None else (steps[-1]["time"] if steps else prev.launched)
-    saved = _first(prev, "saved") if prev.failed_at is None else None
+    saved = _first(prev, Kind.SAVED) if prev.failed_at is None else None
     saved_at = saved["time"] if saved else since
     ended = max(prev.ended or saved_at, saved_at)
     init_at = ready.get("init_at", ready["time"])
@@ -65,7 +66,7 @@ def breakdown(prev: Phase, phase: Phase) -> dict[str, float] | None:
         "process_group": group,
         "build": ready["time"] - init_at - group - load,
         "load": load,
-        "first_step": end["time"] - ready["time"] if end["kind"] == "step" else 0.0,
+        "first_step": end["time"] - ready["time"] if end["kind"] == Kind.STEP else 0.0,
     }
     if ready.get("ahead"):  # built while the old layout trained: the restart began at the go
         go_at = max(ready["go_at"], saved_at)  # the go file is written right before the `saved` record
@@ -84,7 +85,7 @@ def reconfiguration(prev: Phase | None, phase: Phase) -> dict[str, Any] | None:
     parts = breakdown(prev, phase)
     if parts is None:
         return None
-    loaded, saved = _first(phase, "loaded"), _first(prev, "saved")
+    loaded, saved = _first(phase, Kind.LOADED), _first(prev, Kind.SAVED)
     return {
         "from": prev.label,
         "to": phase.label,

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from ..util import logs
+from .record_types import Persist, PersistFailed
 from .records import Records
 
 log = logs.get("runtime")
@@ -70,13 +71,11 @@ class DurableTier:
         try:
             info = persist(self.job, step, str(path), store=store)
         except (StoreError, StateError) as e:
-            self.timeline.write("persist_failed", step=step, error=str(e))
+            self.timeline.write(PersistFailed(step, str(e)))
             log.warning("persisting step %d to %s failed: %s", step, path, e)
             return
         self.path = str(path)
-        self.timeline.write(
-            "persist", step=step, path=str(path), seconds=info["seconds"], bytes=info["bytes"]
-        )
+        self.timeline.write(Persist(step, str(path), info["seconds"], info["bytes"]))
 
 
 class EveryNth:

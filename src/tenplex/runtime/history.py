@@ -11,10 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .records import read_records
+from .records import Kind, read_records
 
 KINDS = ("scale out", "scale in", "layout change", "redeploy", "failure")
-DEATHS = ("fail", "crash", "partition_detected")  # the controller's records of ranks lost, at their step
+# the controller's records of ranks lost, at their step
+DEATHS = (Kind.FAIL, Kind.CRASH, Kind.PARTITION_DETECTED)
 
 
 def timeline(run_dir: Path) -> list[dict[str, Any]]:
@@ -25,7 +26,7 @@ def losses(records: list[dict[str, Any]]) -> dict[int, float]:
     """Loss per step; a step run again after a failure keeps its last value."""
     out: dict[int, float] = {}
     for r in records:
-        if r["kind"] == "worker" and r["event"] == "step":
+        if r["kind"] == Kind.WORKER and r["event"] == Kind.STEP:
             out[r["step"]] = r["loss"]
     return dict(sorted(out.items()))
 
@@ -55,11 +56,11 @@ def changes(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     launches: list[dict[str, Any]] = []
     death: dict[str, Any] = {}
     for r in records:
-        if r["kind"] == "launch":
+        if r["kind"] == Kind.LAUNCH:
             launches.append(r)
         elif r["kind"] in DEATHS:
             death = r
-        elif r["kind"] == "reconfig":
+        elif r["kind"] == Kind.RECONFIG:
             old, new = launches[-2:] if len(launches) >= 2 else ({}, {})  # a timeline cut short: no counts
             devices = (len(old.get("devices", [])), len(new.get("devices", [])))
             kind = kind_of(r, devices)

@@ -26,7 +26,22 @@ from . import rounds
 from .channel import RankChannel
 from .control import any_rank, from_every_rank, sum_over_ranks
 from .durable_tier import newest_checkpoint
-from .records import Records
+from .record_types import (
+    Done,
+    Fresh,
+    Loaded,
+    Ready,
+    Samples,
+    Saved,
+    SaveFailed,
+    Settings,
+    Snapshot,
+    Step,
+    StoreFull,
+    Unreplicated,
+    Waiting,
+)
+from .records import Record, Records
 from .spec import OPEN_END, WorkerSpec, job_name
 
 State = dict[str, Any] | Callable[[], dict[str, Any]]
@@ -120,8 +135,7 @@ class ElasticJob:
         self._ledger: Records | None = None
         if spec is not None:  # what the job runs by: the run's end and, said once, what the command line set
             steps = until if spec.steps is None else spec.steps
-            self.record("settings", steps=steps, snapshot_every=self.every,
-                        overridden=_overridden(spec, until, snapshot_every))  # fmt: skip
+            self.record(Settings(steps, self.every, _overridden(spec, until, snapshot_every)))
         self.saved = -1  # the newest step this job committed that this process knows of
         self._saved_id: str | None = None  # that save's id (None: loaded, or unknown)
         self.resumed = False  # whether `resume` loaded a snapshot
@@ -132,10 +146,10 @@ class ElasticJob:
         self._turn: bool | None = None  # started ahead: whether this phase runs (None: not asked yet)
         self._go_at = 0.0  # when this rank was told to go (started ahead)
 
-    def record(self, kind: str, **fields: Any) -> None:
+    def record(self, record: Record, **extra: Any) -> None:
         """A record for the controller (rank 0 writes; the others have nothing to add)."""
         if self.records is not None:
-            self.records.write(kind, **fields)
+            self.records.write(record, **extra)
 
     def samples(self, step: int, dp_rank: int, ids: list[int]) -> None:
         """The data ledger: the sample ids data-parallel rank `dp_rank` trained on in `step` (call it on one
@@ -145,7 +159,7 @@ class ElasticJob:
             return
         if self._ledger is None:
             self._ledger = Records(Path(self.out) / f"ledger-dp{dp_rank}.jsonl")
-        self._ledger.write("samples", step=step, dp=dp_rank, ids=list(ids))
+        self._ledger.write(Samples(step, dp_rank, list(ids)))
 
     @property
     def ahead(self) -> bool:
@@ -159,7 +173,7 @@ class ElasticJob:
         if self._turn is None:
             self._turn = True
             if self.ahead and self.channel is not None:
-                self.record("waiting", seconds=time.time() - self._init_at)  # built this long after start
+                self.record(Waiting(time.time() - self._init_at))  # built this long after start
                 self._turn, told = self.channel.wait_turn()
                 # told when the turn was given: a rank that was still building then sees it late, and
                 # that wait is build, not go
@@ -189,12 +203,12 @@ class ElasticJob:
             path = self.durable or decide(_persisted)  # one answer for all ranks: a persist may land now
             info = load(state, job=self.name, path=path, store=self.store, sources=self.sources)
         except NoSnapshotError:  # every store the job used said so: the one way to a fresh start
-            self.record("fresh", step=0, layout=self.label)
+            self.record(Fresh(0, self.label))
             return 0
         except StoresLostError as e:  # could not ask is not "nothing there": only --fresh starts over
             if not self.fresh:
                 raise
-            self.record("fresh", step=0, layout=self.label, forced=True, lost_stores=e.lost)
+            self.record(Fresh(0, self.label, forced=True, lost_stores=e.lost))
             if self.rank == 0:  # the record named the lost stores: this job starts a new one
                 jobrecord.forget(self.name)
             return 0
@@ -203,18 +217,19 @@ class ElasticJob:
             self.saved = info.step
         moved = sum_over_ranks(info.bytes)
         self.record(
-            "loaded",
-            step=info.step,
-            seconds=info.seconds,
-            bytes=moved,
-            source=info.source,
-            plan=info.plan_bytes,
-            lost_stores=info.lost_stores,
-            lost_why=info.lost_why,
-            replaced=info.replaced,
-            phases=info.phases,
-            layout=self.label,
-            skipped=info.skipped,
+            Loaded(
+                step=info.step,
+                seconds=info.seconds,
+                bytes=moved,
+                source=info.source,
+                plan=info.plan_bytes,
+                lost_stores=info.lost_stores,
+                lost_why=info.lost_why,
+                replaced=info.replaced,
+                phases=info.phases,
+                layout=self.label,
+                skipped=info.skipped,
+            )
         )
         return info.step
 
@@ -237,18 +252,22 @@ class ElasticJob:
             go_at = max(go for _, _, go in every)
             began = go_at if self.ahead else last + group
             self.label = layout or self.label
+            ahead = {"ahead": True, "go_at": go_at} if self.ahead else {}
             self.record(
-                "ready",
-                step=step,
-                init_at=last,
-                process_group_seconds=group,
-                load_seconds=self._load_seconds,
-                build_seconds=time.time() - began - self._load_seconds,
-                layout=self.label,
-                pid=os.getpid(),
-                pids=[int(pid) for _, pid, _ in every],  # each rank's process (a spare may serve many phases)
-                world=self.world,
-                **({"ahead": True, "go_at": go_at} if self.ahead else {}),
+                Ready(
+                    step=step,
+                    init_at=last,
+                    process_group_seconds=group,
+                    load_seconds=self._load_seconds,
+                    build_seconds=time.time() - began - self._load_seconds,
+                    layout=self.label,
+                    pid=os.getpid(),
+                    pids=[
+                        int(pid) for _, pid, _ in every
+                    ],  # each rank's process (a spare may serve many phases)
+                    world=self.world,
+                    **ahead,
+                ),
                 **fields,
             )
             if self.rank == 0:
@@ -269,7 +288,7 @@ class ElasticJob:
         now = time.perf_counter()
         metrics.setdefault("step_time", now - self._last)
         self._last = now
-        self.record("step", step=step, loss=float(loss), **metrics)
+        self.record(Step(step, float(loss)), **metrics)
         if self.spec and step in self.spec.failures and self.channel is not None:  # before this step's
             # snapshot: it cannot commit then, so every run replays the same steps; the killed ranks die
             # here, the others go on into collectives whose peers are gone, as after any failure
@@ -280,7 +299,7 @@ class ElasticJob:
             self._pending = save(
                 _state(state), job=self.name, step=step, store=self.store, async_save=True, keep=self.keep
             )
-            self.record("snapshot", step=step, stall=time.perf_counter() - t, mode="async")
+            self.record(Snapshot(step, time.perf_counter() - t, "async"))
 
     def _wait_pending(self) -> None:
         """The snapshot in flight committed (the newest this job saved), or was skipped because it did not
@@ -300,15 +319,13 @@ class ElasticJob:
         """A committed save whose copies did not reach a replica store is said in the records (rank 0
         commits, so it knows): a lost host may take its shards with it until the next save's copies land."""
         if not handle.replicated:
-            self.record("unreplicated", step=handle.step, replication=handle.replication)
+            self.record(Unreplicated(handle.step, handle.replication))
 
     def _no_room(self, step: int, error: MemoryLimitError, skipped: bool) -> None:
         """A save did not fit in the stores: said in the records (`store_full`), and from now on the job
         keeps only its newest snapshot, the older ones deleted now (room for the next; the newest complete
         one is never deleted). Every rank calls it at the same point (a collective)."""
-        self.record(
-            "store_full", step=step, error=f"{type(error).__name__}: {error}", skipped=skipped, keep=1
-        )
+        self.record(StoreFull(step, f"{type(error).__name__}: {error}", skipped, keep=1))
         self.keep = 1
         if self.rank == 0:
             for url in dict.fromkeys([resolve(self.store), *(self.sources or [])]):
@@ -325,7 +342,7 @@ class ElasticJob:
         (`save_failed`): the next layout could only go back to an older step."""
         self._wait_pending()
         if step == self.saved:  # loaded at this step, or snapshotted at it: that version holds this state
-            self.record("saved", step=step, seconds=0.0, bytes=0, already=True)
+            self.record(Saved(step, 0.0, 0, already=True))
         else:
             t = time.perf_counter()
             try:
@@ -335,15 +352,13 @@ class ElasticJob:
                 try:
                     h = save(_state(state), job=self.name, step=step, store=self.store, keep=self.keep)
                 except MemoryLimitError as again:
-                    self.record("save_failed", step=step, error=f"{type(again).__name__}: {again}")
+                    self.record(SaveFailed(step, f"{type(again).__name__}: {again}"))
                     raise
             self.saved, self._saved_id = step, h.save_id
             self._report_copies(h)
-            self.record(
-                "saved", step=step, seconds=time.perf_counter() - t, bytes=h.bytes_written, phases=h.phases
-            )
+            self.record(Saved(step, time.perf_counter() - t, h.bytes_written, phases=h.phases))
         self._hand_over()
-        self.record("done", step=step)
+        self.record(Done(step))
         dist.barrier()
 
     def _hand_over(self) -> None:

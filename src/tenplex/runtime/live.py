@@ -8,6 +8,7 @@ from typing import Any
 
 from ..util import human_bytes
 from .history import change_name, kind_of
+from .records import Kind
 
 
 class LiveView:
@@ -27,7 +28,7 @@ class LiveView:
     def record(self, r: dict[str, Any], layout: Any) -> None:
         if self.quiet:
             return
-        if r["kind"] == "step":
+        if r["kind"] == Kind.STEP:
             rate = f"{r['tokens_per_s']:8.0f} tok/s  " if r.get("tokens_per_s") else ""
             line = (
                 f"step {r['step']:>4}/{self.steps or '?'}  {layout}  loss {r['loss']:.4f}  "
@@ -38,14 +39,14 @@ class LiveView:
                 sys.stdout.flush()
             elif r["step"] % 5 == 0 or r["step"] == self.steps:
                 print(line, flush=True)
-        elif r["kind"] == "loaded":
+        elif r["kind"] == Kind.LOADED:
             moved = sum(v for k, v in r["bytes"].items() if k != "kept")
             rate = moved / r["seconds"] / 1e6 if r["seconds"] > 0 else 0.0
             self._print(
                 f"  loaded step {r['step']} in {r['seconds']:.2f} s from {r['source']}: "
                 f"{human_bytes(moved)} moved ({rate:.0f} MB/s), {_routes(r['bytes'])}"
             )
-        elif r["kind"] == "saved":
+        elif r["kind"] == Kind.SAVED:
             self._print(
                 f"  saved step {r['step']} in {r['seconds']:.2f} s ({human_bytes(r['bytes'])} written)"
             )

@@ -15,7 +15,8 @@ from .hosts import EmulatedHosts, host_of
 from .launcher import Launcher
 from .live import LiveView
 from .phase import Phase
-from .records import Records, read_records
+from .record_types import Crash, Fail, FailSkipped, Heal, Partition, PartitionDetected, Worker
+from .records import Kind, Records, read_records
 from .schedule import Event
 from .standby import Role
 
@@ -112,7 +113,7 @@ class Monitor:
         phase.failed_at = time.time()
         phase.killed = [i for i, p in enumerate(phase.procs) if p.poll() not in (None, 0)]
         phase.crashed = True
-        self.timeline.write("crash", phase=phase.index, ranks=phase.killed, step=phase.last_step)
+        self.timeline.write(Crash(phase.index, phase.killed, phase.last_step))
         log.warning("phase %d: ranks %s crashed at step %d", phase.index, phase.killed, phase.last_step)
 
     def fail(self, phase: Phase, e: Event) -> None:
@@ -124,7 +125,7 @@ class Monitor:
         hosts = set(e.fail_hosts) & {host_of(d) for d in phase.devices}
         ranks += [r for r, d in enumerate(phase.devices) if host_of(d) in hosts and r not in ranks]
         if not ranks:
-            self.timeline.write("fail_skipped", phase=phase.index, event=e.describe())
+            self.timeline.write(FailSkipped(phase.index, e.describe()))
             self.live.note(f"{e.describe()}: no such rank or host in the running job, nothing to kill")
             return
         for r in ranks:
@@ -132,14 +133,8 @@ class Monitor:
         for h in hosts:
             self.hosts.kill_host(h)
         phase.killed, phase.failed_at = ranks, time.time()
-        self.timeline.write(
-            "fail",
-            phase=phase.index,
-            step=phase.last_step,
-            ranks=ranks,
-            hosts=sorted(hosts),
-            devices=[phase.devices[r] for r in ranks],
-        )
+        devices = [phase.devices[r] for r in ranks]
+        self.timeline.write(Fail(phase.index, phase.last_step, ranks, sorted(hosts), devices))
         self.live.note(
             f"FAILURE at step {phase.last_step}: killed ranks {ranks}"
             + (f" and hosts {sorted(hosts)}" if hosts else "")
@@ -150,13 +145,13 @@ class Monitor:
         hosts = sorted(set(e.partition) & {host_of(d) for d in phase.devices})
         if not hosts or not hasattr(self.hosts, "partition"):
             why = "no such host in the running job" if hosts == [] else "needs --network netns"
-            self.timeline.write("fail_skipped", phase=phase.index, event=e.describe(), why=why)
+            self.timeline.write(FailSkipped(phase.index, e.describe(), why))
             self.live.note(f"{e.describe()}: {why}, nothing cut off")
             return
         for h in hosts:
             self.hosts.partition(h)
             self.cut[h] = time.time()
-        self.timeline.write("partition", phase=phase.index, step=phase.last_step, hosts=hosts)
+        self.timeline.write(Partition(phase.index, phase.last_step, hosts))
         self.live.note(f"PARTITION at step {phase.last_step}: {', '.join(hosts)} cut off")
 
     def detect(self, phase: Phase) -> None:
@@ -172,8 +167,7 @@ class Monitor:
         phase.detached = ranks
         phase.killed, phase.failed_at = ranks, time.time()
         seconds = {h: round(time.time() - self.cut.pop(h), 2) for h in sorted(lost)}
-        self.timeline.write("partition_detected", phase=phase.index, step=phase.last_step, hosts=sorted(lost),
-                            ranks=ranks, seconds=seconds)  # fmt: skip
+        self.timeline.write(PartitionDetected(phase.index, phase.last_step, sorted(lost), ranks, seconds))
         self.live.note(f"lost contact with {', '.join(sorted(lost))} after {max(seconds.values()):.1f} s")
 
     def heal(self, phase: Phase) -> None:
@@ -181,7 +175,7 @@ class Monitor:
         gone, and their stores are told to replicate nowhere."""
         for h in sorted({host_of(phase.devices[r]) for r in phase.detached}):
             self.hosts.heal(h)
-        self.timeline.write("heal", phase=phase.index, ranks=phase.detached)
+        self.timeline.write(Heal(phase.index, phase.detached))
 
     def reap(self, grace: float = 10.0, wait: bool = False) -> None:
         """Forget exited ranks of earlier phases; kill those still tearing down after `grace` seconds."""
@@ -203,7 +197,8 @@ def catch_up(timeline: Records, run_dir: Path, phases: int) -> int:
     the final save of a phase that ended as it was killed): into the timeline, before any record of this
     run's own, so the summary counts every step trained. The timeline holds each phase's records in file
     order, so those past its count are the missing ones. Returns how many were added."""
-    seen = Counter(r["phase"] for r in read_records(run_dir / "timeline.jsonl")[0] if r["kind"] == "worker")
+    recs = read_records(run_dir / "timeline.jsonl")[0]
+    seen = Counter(r["phase"] for r in recs if r["kind"] == Kind.WORKER)
     added = 0
     for index in range(phases):
         recs, _ = read_records(run_dir / f"phase{index}" / "worker.jsonl")
@@ -216,6 +211,5 @@ def catch_up(timeline: Records, run_dir: Path, phases: int) -> int:
 def into_timeline(timeline: Records, index: int, r: dict) -> None:
     """A rank's record `r` of phase `index`, as the timeline keeps it."""
     timeline.write(
-        "worker", phase=index, event=r["kind"], at=r["time"],
-        **{k: v for k, v in r.items() if k not in ("time", "kind")},
-    )  # fmt: skip
+        Worker(index, r["kind"], r["time"]), **{k: v for k, v in r.items() if k not in ("time", "kind")}
+    )

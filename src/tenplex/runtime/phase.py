@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..ptc.layout import Layout
 from .placement import Placed
+from .records import Kind
 from .standby import Role
 
 
@@ -53,11 +54,11 @@ class Phase:
 
     def add(self, r: dict) -> None:
         self.records.append(r)
-        if r["kind"] in ("loaded", "fresh"):  # where the ranks start: before `start_step` when the snapshot
-            self.last_step = r["step"]  # the controller counted on could not be read (or none was found)
-        elif r["kind"] == "step":
+        if r["kind"] in (Kind.LOADED, Kind.FRESH):  # where the ranks start: before `start_step` when
+            self.last_step = r["step"]  # the snapshot the controller counted on could not be read (or none)
+        elif r["kind"] == Kind.STEP:
             self.last_step = max(self.last_step, r["step"])
-        if r["kind"] == "ready" and r.get("layout"):
+        if r["kind"] == Kind.READY and r.get("layout"):
             self.reported = r["layout"]
-        self.trained = self.trained or r["kind"] == "step"
-        self.done = self.done or r["kind"] == "done"
+        self.trained = self.trained or r["kind"] == Kind.STEP
+        self.done = self.done or r["kind"] == Kind.DONE

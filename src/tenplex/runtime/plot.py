@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .downtime import shown_parts
 from .history import changes, losses, timeline
+from .records import Kind
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -33,17 +34,17 @@ def phases(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     the step it loaded (or the launch's) to its last step (for a failed phase, the step its ranks died)."""
     out: dict[int, dict[str, Any]] = {}
     for r in records:
-        if r["kind"] == "launch":
+        if r["kind"] == Kind.LAUNCH:
             hosts, step = r.get("hosts", []), r["step"]
             out[r["phase"]] = {"layout": r["layout"], "devices": len(r["devices"]), "hosts": hosts,
                                "start": step, "end": step}  # fmt: skip
-        elif r["kind"] == "worker" and r.get("phase") in out:
+        elif r["kind"] == Kind.WORKER and r.get("phase") in out:
             p = out[r["phase"]]
-            if r["event"] in ("loaded", "fresh"):
+            if r["event"] in (Kind.LOADED, Kind.FRESH):
                 p["start"] = p["end"] = r["step"]
-            elif r["event"] == "step":
+            elif r["event"] == Kind.STEP:
                 p["end"] = max(p["end"], r["step"])
-            elif r["event"] == "ready" and r.get("layout"):
+            elif r["event"] == Kind.READY and r.get("layout"):
                 p["layout"] = r["layout"]
     return [out[i] for i in sorted(out)]
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..data.sampler import ElasticSampler
 from .history import changes, losses, timeline
-from .records import read_records
+from .records import Kind, read_records
 
 __all__ = ["ledger", "losses", "plot", "print_report", "recoveries", "summary", "timeline", "write_json"]
 
@@ -65,7 +65,7 @@ def _ledger_records(run_dir: Path) -> tuple[dict[int, list[int]], dict[int, int]
             for r in read_records(f)[0]:
                 per_step[r["step"]][r["dp"]] = r["ids"]
         for r in read_records(p / "worker.jsonl")[0]:
-            if r["kind"] == "ready" and sampler_state is None:
+            if r["kind"] == Kind.READY and sampler_state is None:
                 sampler_state = r.get("sampler")
         for step, parts in per_step.items():
             runs[step] += 1
@@ -78,12 +78,12 @@ def recoveries(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     controller counted on (`expected`) when that one could not be read."""
     out = []
     for i, r in enumerate(recs):
-        if r["kind"] != "recover":
+        if r["kind"] != Kind.RECOVER:
             continue
-        launch = next((x for x in recs[i:] if x["kind"] == "launch"), None)
+        launch = next((x for x in recs[i:] if x["kind"] == Kind.LAUNCH), None)
         phase = launch["phase"] if launch else None
-        start = next((x for x in recs[i:] if x["kind"] == "worker" and x["phase"] == phase
-                      and x["event"] in ("loaded", "fresh")), None)  # fmt: skip
+        start = next((x for x in recs[i:] if x["kind"] == Kind.WORKER and x["phase"] == phase
+                      and x["event"] in (Kind.LOADED, Kind.FRESH)), None)  # fmt: skip
         if start and start["step"] != r["step"]:
             r = {**r, "step": start["step"], "lost_steps": r["lost_steps"] + r["step"] - start["step"],
                  "expected": r["step"]}  # fmt: skip
@@ -98,13 +98,13 @@ def summary(run_dir: Path, static: dict[int, float] | None = None, tolerance: fl
         "run_dir": str(run_dir),
         "steps": max(elastic, default=0),
         "reconfigurations": changes(recs),
-        "failures": [r for r in recs if r["kind"] in ("fail", "crash")],
+        "failures": [r for r in recs if r["kind"] in (Kind.FAIL, Kind.CRASH)],
         "recoveries": recoveries(recs),
-        "skipped_snapshots": [r for r in recs if r["kind"] == "snapshots_skipped"],
+        "skipped_snapshots": [r for r in recs if r["kind"] == Kind.SNAPSHOTS_SKIPPED],
         "ledger": ledger(run_dir),
         "losses": elastic,
     }
-    network = [r for r in recs if r["kind"] == "network"]
+    network = [r for r in recs if r["kind"] == Kind.NETWORK]
     if network:  # namespace hosts: each host's address and bytes in/out at the end
         out["hosts"] = network[-1]["hosts"]
     if static is not None:

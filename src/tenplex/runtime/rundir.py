@@ -21,7 +21,7 @@ from ..store import StoreClient, StoreError
 from ..store.process import logged_stores
 from ..store.shm import shm_root
 from .hosts import is_store, started_at
-from .records import read_records
+from .records import Kind, read_records
 
 STOP_WAIT_S = 10.0  # a store told to stop gets this long to remove its memory before it is killed
 CONTROLLER_WAIT_S = 60.0  # a running controller told to stop gets this long to end
@@ -131,14 +131,15 @@ def status(run_dir: Path) -> dict[str, Any]:
     committed steps (a store that does not answer: alive False)."""
     data = cluster(run_dir)
     recs, _ = read_records(run_dir / "timeline.jsonl")
-    start = next((r for r in recs if r["kind"] == "start"), {})
-    launch = next((r for r in reversed(recs) if r["kind"] == "launch"), {})
-    step = next((r["step"] for r in reversed(recs) if r["kind"] == "worker" and r["event"] == "step"), 0)
+    start = next((r for r in recs if r["kind"] == Kind.START), {})
+    launch = next((r for r in reversed(recs) if r["kind"] == Kind.LAUNCH), {})
+    steps = (r["step"] for r in reversed(recs) if r["kind"] == Kind.WORKER and r["event"] == Kind.STEP)
+    step = next(steps, 0)
     job = start.get("job")
     alive = live_stores(run_dir)
     stores = [_store(h, s, job, h in alive) for h, s in sorted({**data.get("stores", {}), **alive}.items())]
     committed = max((v for s in stores for v in s.get("committed", [])), default=None)
-    ended = next((r["kind"] for r in reversed(recs) if r["kind"] in ("finish", "give_up")), None)
+    ended = next((r["kind"] for r in reversed(recs) if r["kind"] in (Kind.FINISH, Kind.GIVE_UP)), None)
     return {
         "run_dir": str(run_dir),
         "job": job,

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from .record_types import Warm, WorkerFailed
 from .records import Records
 from .rounds import AgentError, Round, has
 from .worker import die_with_parent
@@ -93,7 +94,7 @@ class Workers:
             if dead:
                 raise AgentError(f"a worker ended before its first round; see {self.log(dead[0])}")
             time.sleep(0.02)
-        self.records.write("warm", seconds=time.time() - t)
+        self.records.write(Warm(time.time() - t))
 
     def keep_spare(self) -> None:
         """Start the spare if there is none (the agent calls it once a round has trained a while: a
@@ -148,7 +149,8 @@ class Workers:
                 self._replace(slot)
             if e["outcome"] not in ("done", "stopped"):
                 failed.append(slot)
-                self.records.write("worker_failed", round=rnd.number, slot=slot, log=str(self.log(w)), **e)
+                why = WorkerFailed(rnd.number, slot, str(self.log(w)), e["outcome"], e.get("error", ""))
+                self.records.write(why, **{k: v for k, v in e.items() if k not in ("outcome", "error")})
         return failed
 
     def _replace(self, slot: int) -> None:

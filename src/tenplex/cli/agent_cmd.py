@@ -85,10 +85,10 @@ def _rendezvous(args: argparse.Namespace) -> int:
 def _job(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any]]]:
     from ..runtime.rounds import connect, get_json, has, job_key, known_stores
 
-    base = connect(args.endpoint, timeout=10)
+    base = connect(args.rdzv_endpoint, timeout=10)
     agents = []
-    for entry in known_stores(base, args.run_id):
-        key = job_key(args.run_id, "agent", entry.url)
+    for entry in known_stores(base, args.rdzv_id):
+        key = job_key(args.rdzv_id, "agent", entry.url)
         if has(base, key):
             agents.append({**get_json(base, key), "incarnation": entry.incarnation})
     return base, agents
@@ -103,9 +103,9 @@ def _status(args: argparse.Namespace) -> int:
         return print_status(args.run_dir, args.json)
     _, agents = _job(args)
     if not agents:
-        raise TenplexError(f"no agent of job {args.run_id!r} reported to {args.endpoint}")
+        raise TenplexError(f"no agent of job {args.rdzv_id!r} reported to {args.rdzv_endpoint}")
     if args.json:
-        print(json.dumps({"job": args.run_id, "agents": agents}))
+        print(json.dumps({"job": args.rdzv_id, "agents": agents}))
         return 0
     now = time.time()
     rows = [
@@ -122,7 +122,7 @@ def _status(args: argparse.Namespace) -> int:
     ]
     newest = max(a["round"] for a in agents)
     print_table(
-        f"job {args.run_id}: round {newest}",
+        f"job {args.rdzv_id}: round {newest}",
         ["host", "store", "incarnation", "round", "node", "world", "seen"],
         rows,
     )
@@ -141,6 +141,6 @@ def _stop(args: argparse.Namespace) -> int:
         return 0
 
     base, agents = _job(args)
-    base.set(job_key(args.run_id, "stop"), json.dumps({"time": time.time()}))
-    print(f"job {args.run_id}: stop requested ({len(agents)} agents saw the job); they save and end")
+    base.set(job_key(args.rdzv_id, "stop"), json.dumps({"time": time.time()}))
+    print(f"job {args.rdzv_id}: stop requested ({len(agents)} agents saw the job); they save and end")
     return 0

@@ -28,15 +28,25 @@ class AgentConfig:
         f"127.0.0.1:{RDZV_PORT}",
         f"HOST:PORT of the rendezvous store (default 127.0.0.1:{RDZV_PORT})",
         names=("--rdzv-endpoint", "--rdzv_endpoint"),
+        dest="rdzv_endpoint",
         metavar="HOST:PORT",
     )
-    run_id: str = flag("tenplex", "the job's id", names=("--rdzv-id", "--rdzv_id"), metavar="ID")
+    run_id: str = flag(
+        "tenplex", "the job's id", names=("--rdzv-id", "--rdzv_id"), dest="rdzv_id", metavar="ID"
+    )
     nnodes: str = flag("1", "MIN:MAX agents the job accepts (or N)")
-    nproc: int = flag(1, "workers on this host", names=("--nproc-per-node", "--nproc_per_node"), metavar="N")
+    nproc: int = flag(
+        1,
+        "workers on this host",
+        names=("--nproc-per-node", "--nproc_per_node"),
+        dest="nproc_per_node",
+        metavar="N",
+    )
     backend: str = flag(
         "c10d",
         "torch's rendezvous backend (default c10d)",
         names=("--rdzv-backend", "--rdzv_backend"),
+        dest="rdzv_backend",
         choices=("c10d", "etcd", "etcd-v2"),
     )
     rdzv_conf: dict[str, str] = flag(

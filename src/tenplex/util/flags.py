@@ -29,9 +29,9 @@ def flag(
     **argparse_kw: Any,
 ) -> Any:
     """A dataclass field that is also a flag: `names` (default `--field-name`, aliases after it; a name
-    without dashes makes a positional), any `add_argument` keyword (`choices`, `action`, `metavar`,
-    `type`), and `cli_default`: what the command line holds when the flag is not given, if not the field's
-    default (e.g. None: "not given", which the command resolves)."""
+    without dashes makes a positional), any `add_argument` keyword (`choices`, `action`, `metavar`, `type`,
+    `dest`), and `cli_default`: what the command line holds when the flag is not given, if not the
+    field's default (e.g. None: "not given", which the command resolves)."""
     if cli_default is not dataclasses.MISSING:
         argparse_kw["default"] = cli_default
     meta = {_KEY: {"help": help, "names": names, "kw": argparse_kw}}
@@ -91,15 +91,20 @@ def add_flags(
         names = meta["names"] or (f"--{f.name.replace('_', '-')}",)
         kw = _typed(hints[f.name], {"default": defaults.get(f.name, _default(f)), **meta["kw"]})
         if names[0].startswith("-"):
-            kw["dest"] = f.name
+            kw["dest"] = _dest(f)
         else:  # a positional: argparse takes its dest from its name, and it is given (or empty)
             assert names == (f.name,), f"{cls.__name__}.{f.name}: a positional is named as its field"
             kw.pop("default")
         parser.add_argument(*names, help=meta["help"], **kw)
 
 
+def _dest(f: dataclasses.Field) -> str:
+    """Where the parsed value lands: the field's name, unless the flag keeps an older one (`dest=`)."""
+    return f.metadata[_KEY]["kw"].get("dest", f.name)
+
+
 def from_args(cls: type, args: argparse.Namespace, **given: Any) -> Any:
     """`cls` from the parsed flags it declares; `given` sets the fields a command converts itself (a
     path read into a schedule, a spec split into parts) and those not on the command line."""
-    values = {f.name: getattr(args, f.name) for f in flagged(cls) if hasattr(args, f.name)}
+    values = {f.name: getattr(args, _dest(f)) for f in flagged(cls) if hasattr(args, _dest(f))}
     return cls(**{**values, **given})

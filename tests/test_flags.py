@@ -122,6 +122,9 @@ def test_run_and_demo_train_the_reference_workload_train_its_own_defaults():
     )
     args = build_parser().parse_args(["train"])
     assert from_args(TrainConfig, args) == TrainConfig()
+    # run's namespace holds both classes' flags: only `steps` is in both, and run sets TrainConfig's itself
+    run_flags = {f.metadata["tenplex.flag"]["kw"].get("dest", f.name) for f in flagged(RunConfig)}
+    assert run_flags & {f.name for f in dataclasses.fields(TrainConfig)} == {"steps"}
     demo = (ROOT / "src/tenplex/runtime/demo.py").read_text()
     assert "**REFERENCE" in demo and "lr=" not in demo  # the demo's values come from the same place
 

@@ -63,6 +63,12 @@ def test_schedule_parses_every_kind_of_event():
         ([{"step": 0, "devices": 2}, {"step": 5, "gpus": 3}], "unknown keys ['gpus']"),
         ([{"step": 0, "devices": 2}, {"step": 5, "layout": {"dp": 0}}], "layout must look like"),
         ([{"step": 0, "devices": 2}, {"step": 9}, {"step": 5}], "comes before the previous one"),
+        ([{"step": 0, "devices": 2}, {"step": True}], "step must be a non-negative integer, got True"),
+        ([{"step": 0, "devices": 2}, {"step": 5, "layout": {"dp": 1, "ep": 2}}], "layout must look like"),
+        ([{"step": 0, "devices": 2}, {"step": 5, "hosts": ["h0", ""]}], "hosts must be a list of host names"),
+        ([{"step": 0, "devices": 2}, {"step": 5, "redeploy": "yes"}], "redeploy must be true or false"),
+        ([{"step": 0, "devices": 2}, [5]], "schedule event 1 must be a mapping, got [5]"),
+        ([{"step": 0, "devices": 2}, {"time": 5.5, "devices": 1.5}], "devices must be a positive integer"),
     ],
 )
 def test_schedule_errors_are_clear(data, message):

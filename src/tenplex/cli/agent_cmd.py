@@ -11,15 +11,14 @@ import signal
 import time
 from typing import Any
 
-from ..deploy.agent import parse_nodes
 from ..ptc import TenplexError
-
-RDZV_PORT = 29400
+from ..runtime.agentconfig import RDZV_PORT, AgentConfig
+from ..util.flags import add_flags, from_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("agent", help="run this host's part of an elastic job (a torchrun replacement)")
-    _agent_args(p)
+    add_flags(p, AgentConfig)
     p.set_defaults(func=_agent)
 
     r = sub.add_parser("rendezvous", help="host a job's rendezvous endpoint apart from the agents")
@@ -43,94 +42,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         q.add_argument("run_dir", metavar="RUN_DIR", nargs="?",
                        help="a `tenplex run` directory (its cluster.json); without it, the agent job "
                        "named by --rdzv-endpoint and --rdzv-id")  # fmt: skip
-        _rdzv_args(q)
+        add_flags(q, AgentConfig, only=("endpoint", "run_id"))
         if name == "status":
             q.add_argument("--json", action="store_true", help="one JSON object instead of the table")
         q.set_defaults(func=func)
-
-
-def _agent_args(p: argparse.ArgumentParser) -> None:
-    """torchrun's flags where they mean the same, then tenplex's, then the script."""
-    _rdzv_args(p)
-    p.add_argument("--nnodes", default="1", help="MIN:MAX agents the job accepts (or N)")
-    p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1, help="workers on this host")
-    p.add_argument(
-        "--rdzv-backend",
-        "--rdzv_backend",
-        default="c10d",
-        choices=("c10d", "etcd", "etcd-v2"),
-        help="torch's rendezvous backend (default c10d)",
-    )
-    p.add_argument(
-        "--rdzv-conf",
-        "--rdzv_conf",
-        default="",
-        help="k=v,... for torch's rendezvous (e.g. last_call_timeout=1,is_host=false)",
-    )
-    p.add_argument(
-        "--max-restarts",
-        "--max_restarts",
-        dest="max_restarts",
-        type=int,
-        default=3,
-        help="rounds whose workers failed on a host that stayed, before the job stops",
-    )
-    p.add_argument(
-        "--monitor-interval",
-        "--monitor_interval",
-        type=float,
-        default=0.1,
-        help="seconds between the agent's looks at its workers and the rendezvous",
-    )
-    _store_args(p)
-    p.add_argument("-m", "--module", action="store_true", help="run TARGET as a module (python -m)")
-    p.add_argument("script", metavar="TARGET", help="the training script (or module with -m)")
-    p.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
-
-
-def _store_args(p: argparse.ArgumentParser) -> None:
-    """The host's store, its replicas and its durable tier."""
-    p.add_argument("--store", default=None, help="attach to this store URL instead of starting one")
-    p.add_argument("--store-port", type=int, default=7070, help="port of the store the agent starts")
-    p.add_argument("--store-memory", default="8GiB", help="most bytes the store holds (default 8GiB)")
-    p.add_argument(
-        "--advertise",
-        default="127.0.0.1",
-        help="this host's address as the other hosts reach it (store, process group)",
-    )
-    p.add_argument(
-        "--replicas",
-        type=int,
-        default=1,
-        help="copies of each snapshot on the next hosts of the ring (default 1; 0: none)",
-    )
-    p.add_argument(
-        "--token-file", default=None, help="the stores' shared token (default ~/.tenplex/store.token)"
-    )
-    p.add_argument(
-        "--persist-every",
-        type=int,
-        default=0,
-        help="also write every Nth committed snapshot as a DCP checkpoint to --persist-dir (0: never)",
-    )
-    p.add_argument(
-        "--persist-dir",
-        default=None,
-        help="where those checkpoints go (every host's agent must see the same directory: a shared file "
-        "system); the workers fall back to the newest when no store holds the job's state",
-    )
-    p.add_argument("--run-dir", default=None, help="records and logs (default tenplex-agent-RDZV_ID)")
-    p.add_argument("--keep-store", action="store_true", help="leave the store running when the job ends")
-
-
-def _rdzv_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--rdzv-endpoint",
-        "--rdzv_endpoint",
-        default=f"127.0.0.1:{RDZV_PORT}",
-        help=f"HOST:PORT of the rendezvous store (default 127.0.0.1:{RDZV_PORT})",
-    )
-    p.add_argument("--rdzv-id", "--rdzv_id", default="tenplex", help="the job's id")
 
 
 def _conf(text: str) -> dict[str, str]:
@@ -144,37 +59,9 @@ def _conf(text: str) -> dict[str, str]:
 
 
 def _agent(args: argparse.Namespace) -> int:
-    from ..runtime.agent import Agent, AgentConfig
+    from ..runtime.agent import Agent
 
-    if args.nproc_per_node < 1 or args.replicas < 0 or args.persist_every < 0:
-        raise TenplexError("--nproc-per-node must be >= 1, --replicas and --persist-every >= 0")
-    if args.persist_every and not args.persist_dir:
-        raise TenplexError("--persist-every needs --persist-dir (where the checkpoints go)")
-    low, high = parse_nodes(args.nnodes, "--nnodes")
-    target = (["-m"] if args.module else []) + [args.script, *args.script_args]
-    cfg = AgentConfig(
-        target=target,
-        run_id=args.rdzv_id,
-        endpoint=args.rdzv_endpoint,
-        min_nodes=low,
-        max_nodes=high,
-        nproc=args.nproc_per_node,
-        backend=args.rdzv_backend,
-        max_restarts=args.max_restarts,
-        monitor_interval=args.monitor_interval,
-        rdzv_conf=_conf(args.rdzv_conf),
-        store=args.store,
-        store_port=args.store_port,
-        store_memory=args.store_memory,
-        advertise=args.advertise,
-        replicas=args.replicas,
-        token_file=args.token_file,
-        run_dir=args.run_dir or f"tenplex-agent-{args.rdzv_id}",
-        keep_store=args.keep_store,
-        persist_every=args.persist_every,
-        persist_dir=args.persist_dir,
-    )
-    return Agent(cfg).run()
+    return Agent(from_args(AgentConfig, args, rdzv_conf=_conf(args.rdzv_conf))).run()
 
 
 def _rendezvous(args: argparse.Namespace) -> int:

@@ -12,15 +12,6 @@ from ..runtime.tables import read_table
 from ..store import StoreClient
 from ..store.auth import token_file as read_token_file
 from ..store.client import DEFAULT_URL
-from ..util import SizeError, parse_size
-
-
-def size_arg(text: str) -> int:
-    """argparse type for byte sizes: a bad one is a usage error, not an HTTP error class."""
-    try:
-        return parse_size(text)
-    except SizeError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_store_args(p: argparse.ArgumentParser, token_dest: str = "token_file") -> None:

@@ -8,7 +8,8 @@ import json
 from ..ptc import PTCError
 from ..ptc.layout import Layout
 from ..util import print_table
-from .args import MODEL_HELP, add_snapshot_args, model_spec, size_arg, snapshot
+from ..util.flags import size
+from .args import MODEL_HELP, add_snapshot_args, model_spec, snapshot
 
 TIED = "the reference workload runs tied embeddings with tp = pp = 1"
 
@@ -73,7 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--devices", type=int, required=True, help="devices the job runs on")
     c.add_argument("--global-batch", type=int, default=8, help="samples per optimizer step (dp divides it)")
     c.add_argument("--micro-batch", type=int, default=0, help="samples per micro-batch (0: one per dp rank)")
-    c.add_argument("--device-memory", type=size_arg, help="e.g. 80GiB: drop layouts that do not fit")
+    c.add_argument("--device-memory", type=size, help="e.g. 80GiB: drop layouts that do not fit")
     c.add_argument("--para-config", help="JSON or YAML table: devices -> {dp, tp, pp}, overrides the ranking")
     c.add_argument("--json", action="store_true", help="print one JSON object: the choice and the ranking")
     add_snapshot_args(c, "rank the layouts of")

@@ -17,7 +17,6 @@ import json
 import os
 import signal
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from ..store.client import StoreClient
 from ..store.process import StoreProcess, start_store
 from ..util import env, logs
 from . import rendezvous
+from .agentconfig import AgentConfig
 from .beacon import Beacon
 from .durable_tier import EveryNth
 from .record_types import Change, End, Left, RoundFormed, RoundLoaded, Store
@@ -44,30 +44,6 @@ PARK_TIMEOUT_S = 120.0  # a worker that neither parks nor dies this long after a
 BROKEN_PARK_S = 3.0
 SPARE_AFTER_S = 10.0  # a round trains this long before the host's spare worker starts warming (workers.py)
 LINGER_S = 120.0  # a leaving agent keeps its store this long at most, until the next round has loaded
-
-
-@dataclass
-class AgentConfig:
-    target: list[str]  # SCRIPT ARGS... or -m MODULE ARGS...
-    run_id: str
-    endpoint: str
-    min_nodes: int = 1
-    max_nodes: int = 1
-    nproc: int = 1
-    backend: str = "c10d"
-    max_restarts: int = 3
-    monitor_interval: float = 0.1
-    rdzv_conf: dict[str, str] = field(default_factory=dict)
-    store: str | None = None  # attach to this store instead of starting one
-    store_port: int = 7070
-    store_memory: str = "8GiB"
-    advertise: str = "127.0.0.1"  # this host's address as the other hosts reach it
-    replicas: int = 1
-    token_file: str | None = None
-    run_dir: str = "tenplex-agent"
-    keep_store: bool = False
-    persist_every: int = 0  # every Nth committed snapshot also as a DCP checkpoint (0: never)
-    persist_dir: str | None = None  # where: a directory every host sees
 
 
 class Agent:

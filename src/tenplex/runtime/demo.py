@@ -10,6 +10,7 @@ from ..train.config import TrainConfig
 from .controller import Controller, RunConfig
 from .hosts import host_of
 from .report import losses, plot, print_report, summary, timeline, write_json
+from .runconfig import REFERENCE, REFERENCE_SNAPSHOT_EVERY
 from .schedule import parse_schedule
 from .validate import check_run
 
@@ -56,11 +57,10 @@ def run_demo(
     loopback, in the controller's namespace); `ahead=False`: planned changes start no ranks ahead."""
     if run_dir.exists():
         shutil.rmtree(run_dir)
-    train = TrainConfig(
-        model=model, global_batch=12, micro_batch=0, seed=0, lr=3e-3, warmup=5, steps=steps, device="cpu"
-    )
+    train = TrainConfig(**{**REFERENCE, "model": model, "global_batch": 12, "steps": steps})
     elastic = RunConfig(
-        train, parse_schedule(SCHEDULE), steps, run_dir / "elastic", job="demo", snapshot_every=5,
+        train, parse_schedule(SCHEDULE), steps, run_dir / "elastic", job="demo",
+        snapshot_every=REFERENCE_SNAPSHOT_EVERY,
         quiet=quiet, network=network, ahead=ahead,
     )  # fmt: skip
     static = RunConfig(

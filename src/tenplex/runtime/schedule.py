@@ -15,15 +15,17 @@ A JSON or YAML list of events (or {"events": [...]}), each at a `step` or a `tim
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
 
 from ..ptc import TenplexError
 from ..ptc.layout import Layout
 from .tables import read_table
-
-KEYS = {"step", "time", "devices", "hosts", "redeploy", "fail", "fail_hosts", "partition", "layout"}
 
 
 class ScheduleError(TenplexError, ValueError):
@@ -71,58 +73,65 @@ class Event:
         return f"{at}: {' '.join(what)}"
 
 
-def _when(raw: dict, where: str) -> tuple[int | None, float | int | None]:
-    """The event's step or time: exactly one of them, a non-negative integer step or seconds."""
-    if ("step" in raw) == ("time" in raw):
-        raise ScheduleError(f"{where} needs exactly one of 'step' or 'time'")
-    step, time_ = raw.get("step"), raw.get("time")
-    if step is not None and (type(step) is not int or step < 0):
-        raise ScheduleError(f"{where}: step must be a non-negative integer, got {step!r}")
-    if time_ is not None and (not isinstance(time_, (int, float)) or time_ < 0):
-        raise ScheduleError(f"{where}: time must be non-negative seconds, got {time_!r}")
-    return step, time_
+Step = Annotated[int, Meta(ge=0)]
+Host = Annotated[str, Meta(min_length=1)]
+
+
+class _Schema(msgspec.Struct, forbid_unknown_fields=True):
+    """One event as the file may write it: `Event`'s fields, typed and bounded; msgspec checks it."""
+
+    step: Step | None = None
+    time: Annotated[float, Meta(ge=0)] | None = None
+    devices: Annotated[int, Meta(ge=1)] | None = None
+    hosts: tuple[Host, ...] | None = None
+    redeploy: bool = False
+    fail: tuple[Step, ...] = ()
+    fail_hosts: tuple[Host, ...] = ()
+    partition: tuple[Host, ...] = ()
+    layout: dict[Literal["dp", "tp", "pp"], Annotated[int, Meta(ge=1)]] | None = None
+
+
+KEYS = set(_Schema.__struct_fields__)
+# what each key must be, for the one-line error that names it
+MUST = {
+    "step": "be a non-negative integer",
+    "time": "be non-negative seconds",
+    "devices": "be a positive integer",
+    "hosts": "be a list of host names",
+    "redeploy": "be true or false",
+    "fail": "be a list of ranks",
+    "fail_hosts": "be a list of host names",
+    "partition": "be a list of host names",
+    "layout": "look like {dp: 2, tp: 1, pp: 2}",
+}
+_AT = re.compile(r"`\$\.(\w+)")  # the first key of the path msgspec names
+
+
+def _refusal(raw: Any, where: str, e: msgspec.ValidationError) -> ScheduleError:
+    """msgspec's finding as the line that names the key and the value the file gave it."""
+    if not isinstance(raw, dict):
+        return ScheduleError(f"{where} must be a mapping, got {raw!r}")
+    unknown = set(raw) - KEYS
+    if unknown:
+        known = ", ".join(sorted(KEYS))
+        return ScheduleError(f"{where} has unknown keys {sorted(unknown, key=str)} (known: {known})")
+    key = m.group(1) if (m := _AT.search(str(e))) else None
+    if key not in MUST:  # no key to name: msgspec's own words
+        return ScheduleError(f"{where}: {e}")
+    return ScheduleError(f"{where}: {key} must {MUST[key]}, got {raw[key]!r}")
 
 
 def parse_event(raw: Any, index: int) -> Event:
     where = f"schedule event {index}"
-    if not isinstance(raw, dict):
-        raise ScheduleError(f"{where} must be a mapping, got {raw!r}")
-    unknown = set(raw) - KEYS
-    if unknown:
-        raise ScheduleError(f"{where} has unknown keys {sorted(unknown)} (known: {', '.join(sorted(KEYS))})")
-    step, time_ = _when(raw, where)
-    devices = raw.get("devices")
-    if devices is not None and (type(devices) is not int or devices < 1):
-        raise ScheduleError(f"{where}: devices must be a positive integer, got {devices!r}")
-    fail = raw.get("fail", [])
-    if not isinstance(fail, list) or not all(type(r) is int and r >= 0 for r in fail):
-        raise ScheduleError(f"{where}: fail must be a list of ranks, got {fail!r}")
-    hosts, fail_hosts, partition = raw.get("hosts"), raw.get("fail_hosts", []), raw.get("partition", [])
-    for name, v in (("hosts", hosts or []), ("fail_hosts", fail_hosts), ("partition", partition)):
-        if not isinstance(v, list) or not all(isinstance(h, str) and h for h in v):
-            raise ScheduleError(f"{where}: {name} must be a list of host names, got {v!r}")
-    layout = raw.get("layout")
-    if layout is not None and (
-        not isinstance(layout, dict)
-        or set(layout) - {"dp", "tp", "pp"}
-        or not all(type(v) is int and v >= 1 for v in layout.values())
-    ):
-        raise ScheduleError(f"{where}: layout must look like {{dp: 2, tp: 1, pp: 2}}, got {layout!r}")
-    if not isinstance(raw.get("redeploy", False), bool):
-        raise ScheduleError(f"{where}: redeploy must be true or false")
-    if time_ is not None and (fail or fail_hosts or partition):
+    try:
+        event = Event(**msgspec.structs.asdict(msgspec.convert(raw, _Schema)))
+    except msgspec.ValidationError as e:
+        raise _refusal(raw, where, e) from None
+    if (event.step is None) == (event.time is None):
+        raise ScheduleError(f"{where} needs exactly one of 'step' or 'time'")
+    if event.time is not None and event.is_failure:
         raise ScheduleError(f"{where}: failures are injected at a step (e.g. {{step: 40, fail: [1]}})")
-    return Event(
-        step,
-        None if time_ is None else float(time_),
-        devices,
-        None if hosts is None else tuple(hosts),
-        raw.get("redeploy", False),
-        tuple(fail),
-        tuple(fail_hosts),
-        tuple(partition),
-        layout,
-    )
+    return event
 
 
 def parse_schedule(data: Any) -> list[Event]:

@@ -4,41 +4,57 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..data.sampler import ElasticSampler, split_bounds
 from ..ptc import PTC, GPTConfig, gpt_ptc, preset
 from ..ptc.layout import Layout, LayoutError
+from ..util.flags import add_flags, flag, from_args
 
 
 @dataclass
 class TrainConfig:
-    """Everything a rank needs; plain values so it pickles to spawned ranks and prints as JSON."""
+    """Everything a rank needs; plain values so it pickles to spawned ranks and prints as JSON. The flags of
+    `tenplex train` (and the training flags of `tenplex run`) are derived from these fields."""
 
-    model: str = "tiny"
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    fsdp: bool = False
-    steps: int = 50
-    global_batch: int = 8
-    micro_batch: int = 0  # 0: auto (one per rank, or pp micro-batches per rank with pipelining)
-    seed: int = 0
-    lr: float = 1e-3
+    model: str = flag("tiny", "GPT preset (tiny, small, base, medium, gpt3-...)")
+    dp: int = flag(1, "dp size: data-parallel replicas")
+    tp: int = flag(1, "tp size: tensor-parallel ranks per layer")
+    pp: int = flag(1, "pp size: pipeline stages")
+    fsdp: bool = flag(False, "shard parameters and optimizer state over dp (FSDP2)")
+    steps: int = flag(50, "optimizer steps to train")
+    global_batch: int = flag(8, "samples per optimizer step, split over dp")
+    micro_batch: int = flag(
+        0, "samples per micro-batch (0: a rank's share of the global batch, in pp parts with pipelining)"
+    )
+    seed: int = flag(0, "seeds the weights, the sample order and dropout")
+    lr: float = flag(1e-3, "peak learning rate (AdamW)")
     min_lr_ratio: float = 0.1
-    warmup: int = 10
-    total_steps: int = 0  # horizon of the cosine schedule; 0: steps
-    weight_decay: float = 0.1
-    clip: float = 1.0
-    pp_schedule: str = "1f1b"  # pipelining schedule: gpipe or 1f1b
-    corpus: str | None = None  # a built corpus directory; None: build from `sources`
-    sources: list[str] = field(default_factory=list)  # files/dirs; empty: the stdlib
+    warmup: int = flag(10, "linear warm-up steps before the cosine decay")
+    total_steps: int = flag(0, "cosine horizon (0: --steps)")
+    weight_decay: float = flag(0.1, "AdamW's, on matrices only")
+    clip: float = flag(1.0, "gradient-norm clip (0: off)")
+    pp_schedule: str = flag(
+        "1f1b", "the pipeline schedule of the micro-batches (with --pp above 1)", choices=("gpipe", "1f1b")
+    )
+    corpus: str | None = flag(None, "a built corpus directory (default: build one from --source)")
+    sources: list[str] = flag(
+        help="text file/dir (repeat; default: the Python standard library's source)",
+        names=("--source",),
+        action="append",
+        metavar="PATH",
+        default_factory=list,
+    )
     split: str = "train"
-    eval_every: int = 0  # held-out loss every this many steps (0: never)
-    eval_batches: int = 4  # global batches of the held-out split per evaluation
-    metrics: str | None = None  # JSON-lines path, written by rank 0
-    device: str = "auto"  # auto, cpu or cuda
+    eval_every: int = flag(0, "held-out loss every N steps (0: never)")
+    eval_batches: int = flag(4, "global batches of the held-out split per evaluation")
+    metrics: str | None = flag(None, "JSON-lines output, one object per step (written by rank 0)")
+    device: str = flag(
+        "auto",
+        "auto: a GPU per local rank when there are enough, else the CPU",
+        choices=("auto", "cpu", "cuda"),
+    )
 
     @property
     def layout(self) -> Layout:
@@ -89,38 +105,15 @@ class Renamed(argparse.Action):
         parser.error(f"{opt} is now {self.renamed_to} (--schedule is the resource schedule of `tenplex run`)")
 
 
-def add_train_args(p: argparse.ArgumentParser) -> None:
-    """The flags of `tenplex train` and of `python -m tenplex.train.trainer` (one definition for both)."""
-    d = TrainConfig()
-    p.add_argument("--model", default=d.model, help="preset name (tiny, small, base, medium, gpt3-...)")
-    for name in ("dp", "tp", "pp"):
-        p.add_argument(f"--{name}", type=int, default=1, help=f"{name} size")
-    p.add_argument("--fsdp", action="store_true", help="shard parameters and optimizer state over dp (FSDP2)")
-    p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps to train")
-    p.add_argument("--global-batch", type=int, default=d.global_batch, help="samples per optimizer step")
-    p.add_argument("--micro-batch", type=int, default=d.micro_batch, help="samples per micro-batch (0: auto)")
-    p.add_argument("--seed", type=int, default=d.seed, help="seeds the weights and the sample order")
-    p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (AdamW)")
-    p.add_argument(
-        "--warmup", type=int, default=d.warmup, help="linear warm-up steps before the cosine decay"
-    )
-    p.add_argument("--total-steps", type=int, default=d.total_steps, help="cosine horizon (0: --steps)")
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW's, on matrices only")
-    p.add_argument("--clip", type=float, default=d.clip, help="gradient-norm clip (0: off)")
-    p.add_argument("--pp-schedule", choices=("gpipe", "1f1b"), default=d.pp_schedule,
-                   help="the pipeline schedule of the micro-batches (with --pp above 1)")  # fmt: skip
-    p.add_argument(
-        "--schedule", nargs="?", action=Renamed, renamed_to="--pp-schedule", help=argparse.SUPPRESS
-    )
-    p.add_argument("--corpus", default=None, help="a built corpus directory")
-    p.add_argument("--source", dest="sources", action="append", default=[], help="text file/dir (repeat)")
-    p.add_argument("--eval-every", type=int, default=d.eval_every, help="held-out loss every N steps")
-    p.add_argument("--eval-batches", type=int, default=d.eval_batches, help="global batches per evaluation")
-    p.add_argument("--metrics", default=None, help="JSON-lines output, one object per step")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device,
-                   help="auto: a GPU per local rank when there are enough, else the CPU")  # fmt: skip
+def add_train_args(p: argparse.ArgumentParser, defaults: dict[str, Any] | None = None, **which: Any) -> None:
+    """The flags of `tenplex train` and of `python -m tenplex.train.trainer` (`which`: `only=`/`exclude=`
+    fields; `defaults`: another workload's values, see `runtime.runconfig.REFERENCE`)."""
+    add_flags(p, TrainConfig, defaults=defaults, **which)
+    if "only" not in which:
+        p.add_argument(
+            "--schedule", nargs="?", action=Renamed, renamed_to="--pp-schedule", help=argparse.SUPPRESS
+        )
 
 
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    names = set(TrainConfig.__dataclass_fields__)
-    return TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
+def config_from_args(args: argparse.Namespace, **given: Any) -> TrainConfig:
+    return from_args(TrainConfig, args, **given)

@@ -33,6 +33,9 @@ the slowest rank's, in the best of `--repeat` repetitions ("steady"); `*_first` 
 
     python benchmarks/bench_peers.py              # ~1.2 GB of state, 3 repetitions
     python benchmarks/bench_peers.py --quick      # ~0.3 GB
+    # root: the recovery case on 2 and 4 namespace hosts with 2 Gbit/s NICs, plus DCP into an S3-compatible
+    # server on a storage host of its own (benchmarks/peers_netns.py) -> results/bench_peers_netns.json
+    sudo -E python benchmarks/bench_peers.py --network netns --nic-gbps 2 --quick
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from bench_reconfig import SIZES, available_memory, each_rep, fs_type, run_world
 from common import print_rows, write_results
 from floors import bandwidth, socket_bandwidth
 from peers_bytecheckpoint import run_bytecheckpoint
+from peers_netns import busiest_received, run_netns
 from tenplex.ptc.gpt import GPTConfig
 from tenplex.store import start_store
 
@@ -57,24 +61,39 @@ ROOT = Path(__file__).resolve().parents[1]
 GB = 1e9
 
 
-def recovery_row(reps: list[list[dict]], chunks: list[int], floor_s: float) -> dict:
+def recovery_row(reps: list[list[dict]], chunks: list[int], floor_s: float, torchft_why: str | None,
+                 hosts: int = 2) -> dict:  # fmt: skip
     """The recovery case's row from every rank's repetitions."""
-    row = systems(reps, ["tenplex", "dcp_shm", "dcp_disk", "pg", *(f"http_{c}" for c in chunks)])
-    row.update(case="recovery", hosts=2, floor_s=floor_s)
-    best = min(chunks, key=lambda c: row[f"http_{c}_s"])
-    row["http_best_chunks"] = best
+    torchft = [] if torchft_why else ["pg", *(f"http_{c}" for c in chunks)]
+    row = systems(reps, ["tenplex", "dcp_shm", "dcp_disk", "dcp_s3", *torchft])
+    row.update(case="recovery", hosts=hosts, floor_s=floor_s)
+    peers = {k: f"{k}_load_s" for k in ("dcp_shm", "dcp_disk", "dcp_s3") if f"{k}_load_s" in row}
+    if torchft_why:
+        row["torchft_why"] = torchft_why
+    else:
+        row["http_best_chunks"] = best = min(chunks, key=lambda c: row[f"http_{c}_s"])
+        peers.update(torchft_http="http_0_s", torchft_http_best=f"http_{best}_s", pg="pg_s")
     for when in ("", "_first"):
         load = row[f"tenplex_load_s{when}"]
         with_save = load + row[f"tenplex_save_s{when}"]
-        peers = {"torchft_http": row[f"http_0_s{when}"], "torchft_http_best": row[f"http_{best}_s{when}"],
-                 "pg": row[f"pg_s{when}"], "dcp_shm": row[f"dcp_shm_load_s{when}"],
-                 "dcp_disk": row[f"dcp_disk_load_s{when}"]}  # fmt: skip
-        for name, s in peers.items():
+        for name, key in peers.items():
+            s = row[key + when]
             row[f"x_{name}{when}"] = s / load
             saved = row.get(f"{name}_save_s{when}", 0.0)  # DCP's own save before its load
             row[f"x_{name}_with_save{when}"] = (s + saved) / with_save
     row["x_floor"] = row["tenplex_load_s"] / floor_s
     return row
+
+
+def torchft_missing() -> str | None:
+    """Why torchft's transports cannot run in this environment, or None."""
+    try:
+        import torchft.checkpointing.http_transport
+        import torchft.checkpointing.pg_transport  # noqa: F401
+    except Exception as err:  # an import error or what a half-installed package raises
+        why = f"{type(err).__name__}: {err}"
+        return f"import torchft failed ({why}): install the peers extra (docs/benchmarks.md)"
+    return None
 
 
 def reshard_row(name: str, reps: list[list[dict]], floor_s: float, bcp: dict) -> dict:
@@ -112,14 +131,13 @@ def systems(reps: list[list[dict]], names: list[str]) -> dict:
     return row
 
 
-def floors(procs: int) -> dict[str, float]:
-    return {
-        "memcpy": bandwidth("copy", procs),
-        "socket": max(socket_bandwidth(k) for k in range(1, procs + 1)),
-    }
+def floors(procs: int, nbytes: int) -> dict[str, float]:
+    """memcpy and loopback-socket bytes per second (benchmarks/floors.py) on `nbytes` buffers."""
+    streams = (socket_bandwidth(k, nbytes) for k in range(1, procs + 1))
+    return {"memcpy": bandwidth("copy", procs, nbytes), "socket": max(streams)}
 
 
-def main() -> None:
+def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", choices=sorted(SIZES), default="full", help="state size (full ~1.2 GB)")
     p.add_argument("--quick", action="store_const", const="quick", dest="size", help="same as --size quick")
@@ -131,69 +149,106 @@ def main() -> None:
     p.add_argument("--store-memory", default="8GiB")
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--out", default=None)
+    p.add_argument("--network", choices=("loopback", "netns"), default="loopback",
+                   help="hosts: loopback stores, or network namespaces (root; recovery only)")  # fmt: skip
+    p.add_argument("--hosts", default="2,4", help="netns: host counts (the 4 ranks spread over them)")
+    p.add_argument("--nic-gbps", type=float, default=None, help="netns: each host's NIC, each way")
+    p.add_argument("--moto-python", default=str(ROOT / ".venv-moto" / "bin" / "python"),
+                   help="netns: a python with moto[server] (the S3-compatible storage host)")  # fmt: skip
     args = p.parse_args()
-    chunks = [int(c) for c in args.http_chunks.split(",")]
-    if chunks[0] != 0:
+    args.chunks = [int(c) for c in args.http_chunks.split(",")]
+    if args.chunks[0] != 0:
         raise SystemExit("--http-chunks: the first count must be 0 (torchft's default, one request)")
-    cases = args.cases.split(",")
-    unknown = set(cases) - {"recovery", "fsdp", "dp"}
+    args.case_list = ["recovery"] if args.network == "netns" else args.cases.split(",")
+    unknown = set(args.case_list) - {"recovery", "fsdp", "dp"}
     if unknown:
         raise SystemExit(f"unknown case(s) {sorted(unknown)}; known: recovery, fsdp, dp")
+    return args
+
+
+def loopback(args, spec: dict, bw: dict) -> list[dict]:
+    """Every case in one 4-rank world on two loopback stores, ByteCheckpoint's worlds after it."""
+    with contextlib.ExitStack() as stack:
+        a, b = (stack.enter_context(start_store(memory_limit=args.store_memory)) for _ in range(2))
+        per_rank = run_world(
+            {**spec, "store_a": a.url, "store_b": b.url}, args.timeout, worker="peers_worker"
+        )
+    shm = Path(spec["shm_dir"])
+    bcp = {c: run_bytecheckpoint(args.bytecheckpoint_python, c, spec["model"], shm, args.repeat, args.timeout)
+           for c in args.case_list if c != "recovery"}  # fmt: skip
+    bw.update(floors(*bw.pop("probe")))
+    rows = []
+    for i, name in enumerate(args.case_list):
+        reps = [[r[i]["reps"][k] for r in per_rank] for k in range(args.repeat)]
+        if name == "recovery":
+            moved = sum(r["dst_bytes"] for r in reps[0])
+            rows.append(recovery_row(reps, args.chunks, moved / bw["socket"], spec["torchft_why"]))
+        else:
+            st = systems(reps, ["tenplex"])
+            floor_s = (st["saved_GB"] + st["received_GB"]) * GB / bw["memcpy"]
+            rows.append(reshard_row(name, reps, floor_s, bcp[name]))
+    return rows
+
+
+def namespaces(args, spec: dict) -> list[dict]:
+    """The recovery case on namespace hosts, one world per host count; the floor: the busiest rejoining
+    host's bytes over the link bandwidth measured in the same run."""
+    hosts = [int(h) for h in args.hosts.split(",")]
+    runs = run_netns(
+        {**spec, "store_a": "", "store_b": ""}, hosts, args.nic_gbps, args.moto_python, args.timeout
+    )
+    rows = []
+    for run in runs:
+        reps = [[r[0]["reps"][k] for r in run["per_rank"]] for k in range(args.repeat)]
+        floor_s = busiest_received(reps[0], run["on"]) / run["shaped_bw"]
+        row = recovery_row(reps, args.chunks, floor_s, spec["torchft_why"], run["hosts"])
+        row["nic_gbps_measured"] = run["shaped_bw"] * 8 / GB
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    args = parse()
     model = SIZES[args.size]
     cfg = GPTConfig(**model)
     disk_root = Path(args.disk_dir or tempfile.gettempdir())
     if fs_type(disk_root) in ("tmpfs", "ramfs"):
         raise SystemExit(f"{disk_root} is not on a disk: pass --disk-dir")
     print(f"model {model}: {cfg.param_count() * 12 / GB:.2f} GB of params + AdamW moments", flush=True)
+    torchft_why = torchft_missing() if "recovery" in args.case_list else None
+    if torchft_why:
+        print(f"bench_peers: {torchft_why}", file=sys.stderr)
     procs = min(len(os.sched_getaffinity(0)), 4)
-    before = floors(procs)
+    probe = min(256 << 20, max(16 << 20, cfg.param_count() * 12))  # a tiny state: a quick probe
+    before = floors(procs, probe) if args.network == "loopback" else {}
     disk = Path(tempfile.mkdtemp(prefix="tenplex-bench-peers-", dir=disk_root))
     shm = Path(tempfile.mkdtemp(prefix="tenplex-bench-peers-", dir="/dev/shm"))
+    spec = {"model": model, "disk_dir": str(disk), "shm_dir": str(shm), "cases": args.case_list,
+            "repeat": args.repeat, "http_chunks": args.chunks, "torchft": torchft_why is None,
+            "torchft_why": torchft_why}  # fmt: skip
     started = time.perf_counter()
+    bw = {"probe": (procs, probe)}
     try:
-        with contextlib.ExitStack() as stack:
-            a, b = (stack.enter_context(start_store(memory_limit=args.store_memory)) for _ in range(2))
-            spec = {"model": model, "store_a": a.url, "store_b": b.url, "disk_dir": str(disk),
-                    "shm_dir": str(shm), "cases": cases, "repeat": args.repeat,
-                    "http_chunks": chunks}  # fmt: skip
-            per_rank = run_world(spec, args.timeout, worker="peers_worker")
-        bcp = {c: run_bytecheckpoint(args.bytecheckpoint_python, c, model, shm, args.repeat, args.timeout)
-               for c in cases if c != "recovery"}  # fmt: skip
+        rows = loopback(args, spec, bw) if args.network == "loopback" else namespaces(args, spec)
     finally:
         for d in (disk, shm):
             subprocess.run(["rm", "-rf", str(d)], check=False)
     wall = time.perf_counter() - started
-    after = floors(procs)
-    bw = {k: max(before[k], after[k]) for k in before}
-    rows = []
-    for i, name in enumerate(cases):
-        reps = [[r[i]["reps"][k] for r in per_rank] for k in range(args.repeat)]
-        if name == "recovery":
-            moved = sum(r["dst_bytes"] for r in reps[0])
-            rows.append(recovery_row(reps, chunks, moved / bw["socket"]))
-        else:
-            st = systems(reps, ["tenplex"])
-            floor_s = (st["saved_GB"] + st["received_GB"]) * GB / bw["memcpy"]
-            rows.append(reshard_row(name, reps, floor_s, bcp[name]))
     for r in rows:
         r["state_GB"] = cfg.param_count() * 12 / GB  # one copy: a replicated source holds it several times
-    report(rows, chunks)
-    meta = {
-        "model": model,
-        "params": cfg.param_count(),
-        "memcpy_GBps": bw["memcpy"] / GB,
-        "socket_GBps": bw["socket"] / GB,
-        "floor_cores": procs,
-        "dcp_disk_fs": fs_type(disk_root),
-        "repeat": args.repeat,
-        "http_chunks": chunks,
-        "wall_s": wall,
-        "available_memory_GB": available_memory() / GB,
-        "command": " ".join(["python", "benchmarks/bench_peers.py", *sys.argv[1:]]),
-    }
-    path = write_results("bench_peers", rows, meta, args.out)
+    report(rows, args.chunks)
+    meta = {"model": model, "params": cfg.param_count(), "network": args.network, "repeat": args.repeat,
+            "http_chunks": args.chunks, "dcp_disk_fs": fs_type(disk_root), "wall_s": wall,
+            "available_memory_GB": available_memory() / GB,
+            "command": " ".join(["python", "benchmarks/bench_peers.py", *sys.argv[1:]])}  # fmt: skip
+    if before:  # the floors: the better of the probes before and after the cases
+        meta.update(floor_cores=procs, **{f"{k}_GBps": max(before[k], bw[k]) / GB for k in before})
+    else:
+        meta.update(nic_gbps=args.nic_gbps)
+    name = "bench_peers" if args.network == "loopback" else "bench_peers_netns"
+    path = write_results(name, rows, meta, args.out)
     print(f"wrote {path}; {wall:.0f} s for the cases")
-    bad = [(r["case"], r["bad"]) for r in rows if r["bad"]]
+    bad = [(r["case"], r["hosts"], r["bad"]) for r in rows if r["bad"]]
     if bad:
         print("WRONG VALUES after a transfer:", bad)
         raise SystemExit(1)

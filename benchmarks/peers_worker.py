@@ -14,6 +14,7 @@ tensors are checked against the values the source was built from. Results: $TENP
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import shutil
@@ -33,6 +34,7 @@ from tenplex.ptc.gpt import GPTConfig
 from tenplex.store import StoreClient
 
 TIMEOUT = timedelta(seconds=600)
+S3_BUCKET = "tenplex-bench"
 # (source mesh, target mesh) per case, as (replicate, shard, first rank)
 CASES = {
     "recovery": ((1, 2, 0), (1, 2, 2)),
@@ -68,37 +70,87 @@ def run_tenplex(w: World, job: str, src, dst, a, b) -> dict:
         out["bytes"], out["bad"] = info.bytes, check(dst)
     dist.barrier()
     if w.rank == 0:
-        for url in {w.spec["store_a"], w.spec["store_b"]}:
+        for url in {w.spec["store_a"], w.spec["store_b"], *w.spec.get("rank_stores", [])}:
             if job in StoreClient(url).jobs():
                 StoreClient(url).delete_job(job)
     return out
 
 
-def run_dcp(w: World, root: Path, src, dst, a, b, disk: bool) -> dict:
-    """dcp.save by the source ranks, dcp.load by the target ranks, through `root` (fsync'd on disk)."""
-    path = root / "ckpt"
+class Target:
+    """Where a DCP checkpoint goes: a directory (/dev/shm, or a disk, fsync'd) or an S3 bucket (DCP's fsspec
+    storage through s3fs, an S3-compatible server's `endpoint`)."""
+
+    def __init__(self, where: str, disk: bool = False, endpoint: str | None = None) -> None:
+        self.where, self.disk, self.endpoint = where, disk, endpoint
+
+    def fresh(self) -> None:
+        """An empty checkpoint location (rank 0, before the save)."""
+        if self.endpoint:
+            fs = self._s3()
+            if not fs.exists(S3_BUCKET):
+                fs.mkdir(S3_BUCKET)
+            return
+        shutil.rmtree(self.where, ignore_errors=True)
+        Path(self.where).mkdir(parents=True)
+
+    def writer(self):
+        if self.endpoint:
+            from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+            return FsspecWriter(self.where, sync_files=False, **self._options())
+        return FileSystemWriter(self.where, sync_files=self.disk)
+
+    def reader(self):
+        if self.endpoint:
+            from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+            return FsspecReader(self.where, **self._options())
+        return FileSystemReader(self.where)
+
+    def saved(self, first_of_savers: bool) -> None:
+        """After the save: on disk, the directory entry made durable and the pages dropped (a recovering host
+        reads what another host wrote: not from its page cache)."""
+        if self.disk and first_of_savers:
+            fsync_dir(Path(self.where))
+            evict(Path(self.where))
+
+    def remove(self) -> None:
+        if self.endpoint:
+            self._s3().rm(self.where, recursive=True)
+        else:
+            shutil.rmtree(self.where, ignore_errors=True)
+
+    def _options(self) -> dict:
+        # moto takes any credentials; the region is its default one
+        return {"endpoint_url": self.endpoint, "key": "bench", "secret": "bench",
+                "client_kwargs": {"region_name": "us-east-1"}}  # fmt: skip
+
+    def _s3(self):
+        import s3fs
+
+        return s3fs.S3FileSystem(**self._options())
+
+
+def run_dcp(w: World, target: Target, src, dst, a, b) -> dict:
+    """dcp.save by the source ranks, dcp.load by the target ranks, through `target`."""
     if w.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
-        path.mkdir(parents=True)
+        target.fresh()
     ga, gb = w.group(a), w.group(b)
 
     def save() -> None:
-        dcp.save(src, storage_writer=FileSystemWriter(path, sync_files=disk), process_group=ga)
-        if disk and dist.get_rank(ga) == 0:
-            fsync_dir(path)
+        dcp.save(src, storage_writer=target.writer(), process_group=ga)
+        target.saved(dist.get_rank(ga) == 0)
 
     out: dict = {}
     out["save"], _ = timed(save, src is not None)
-    if disk and w.rank == 0:
-        evict(path)  # a recovering host reads what another host wrote: not in its page cache
     if dst is not None:
         zero(dst)
-    out["load"], _ = timed(lambda: dcp.load(dst, storage_reader=FileSystemReader(path), process_group=gb),
+    out["load"], _ = timed(lambda: dcp.load(dst, storage_reader=target.reader(), process_group=gb),
                            dst is not None)  # fmt: skip
     out["bad"] = check(dst) if dst is not None else []
     dist.barrier()
     if w.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
+        target.remove()
     return out
 
 
@@ -108,12 +160,15 @@ def run_http(w: World, chunks: int, src, dst, step: int) -> dict:
     model's and optimizer's load_state_dict would. Every rank's transport (and server) starts untimed."""
     from torchft.checkpointing.http_transport import HTTPTransport
 
+    # torchft's request handler logs every request to stderr (a chunk sweep: hundreds of lines)
+    http.server.BaseHTTPRequestHandler.log_message = lambda *a, **k: None
     transport = HTTPTransport(timeout=TIMEOUT, num_chunks=chunks)
     ports = [None] * dist.get_world_size()
     dist.all_gather_object(ports, transport._server.socket.getsockname()[1])
     peer = w.rank - 2
-    # the peer's address on loopback (torchft names the host: here every host is this machine)
-    url = f"http://127.0.0.1:{ports[peer]}/checkpoint/" if peer >= 0 else ""
+    # the peer's address: its namespace host's, or loopback (torchft would name the host)
+    addr = w.spec.get("rank_addrs", ["127.0.0.1"] * 4)[peer]
+    url = f"http://{addr}:{ports[peer]}/checkpoint/" if peer >= 0 else ""
     if dst is not None:
         zero(dst)
 
@@ -162,19 +217,26 @@ def run_case(w: World, name: str, cfg: GPTConfig, rep: int) -> dict:
     a, b = CASES[name]
     src = build(cfg, layout(*a), w.rank, zeros=False) if w.rank in members(a) else None
     dst = build(cfg, layout(*b), w.rank, zeros=True) if w.rank in members(b) else None
-    hosts = 2 if name == "recovery" else 1
-    own = w.spec["store_b"] if hosts == 2 and w.rank >= 2 else w.spec["store_a"]
-    os.environ["TENPLEX_STORE"] = own
+    if "rank_stores" in w.spec:  # namespace hosts: every rank's own host's store
+        os.environ["TENPLEX_STORE"] = w.spec["rank_stores"][w.rank]
+    else:  # recovery: the rejoining replica on host B; resharding on one host
+        two = name == "recovery" and w.rank >= 2
+        os.environ["TENPLEX_STORE"] = w.spec["store_b"] if two else w.spec["store_a"]
     tag = f"{name}-{rep}"
     res: dict = {"rank": w.rank, "src_bytes": local_bytes(src) if src else 0,
                  "dst_bytes": local_bytes(dst) if dst else 0}  # fmt: skip
     res["tenplex"] = run_tenplex(w, f"peers-{tag}", src, dst, a, b)
-    res["dcp_shm"] = run_dcp(w, Path(w.spec["shm_dir"]), src, dst, a, b, disk=False)
+    res["dcp_shm"] = run_dcp(w, Target(f"{w.spec['shm_dir']}/ckpt"), src, dst, a, b)
     if name == "recovery":
-        res["dcp_disk"] = run_dcp(w, Path(w.spec["disk_dir"]), src, dst, a, b, disk=True)
-        for chunks in w.spec["http_chunks"]:
+        res["dcp_disk"] = run_dcp(w, Target(f"{w.spec['disk_dir']}/ckpt", disk=True), src, dst, a, b)
+        if w.spec.get("s3"):
+            res["dcp_s3"] = run_dcp(
+                w, Target(f"s3://{S3_BUCKET}/{tag}", endpoint=w.spec["s3"]), src, dst, a, b
+            )
+        for chunks in w.spec["http_chunks"] if w.spec["torchft"] else []:
             res[f"http_{chunks}"] = run_http(w, chunks, src, dst, step=rep + 1)
-        res["pg"] = run_pg(w, src, dst, rep + 1, tag)
+        if w.spec["torchft"]:
+            res["pg"] = run_pg(w, src, dst, rep + 1, tag)
     dist.barrier()
     return res
 

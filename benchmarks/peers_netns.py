@@ -13,7 +13,6 @@ to a namespace address: the readiness probe of the S3 server runs inside host h0
 
 from __future__ import annotations
 
-import secrets
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from bench_reconfig import ring_bandwidth, run_world
 from tenplex.runtime import netns
+from tenplex.util.tokens import read_token
 
 S3_PORT = 5000
 MOTO_SETUP = "python3.11 -m venv .venv-moto && .venv-moto/bin/pip install 'moto[server]==5.2.6'"
@@ -48,10 +48,8 @@ def run_netns(spec: dict, hosts: list[int], gbps: float | None, moto: str, timeo
     probe = int(max(16 << 20, (gbps or 2.0) * 1e9 / 8))
     runs = []
     with tempfile.TemporaryDirectory(prefix="tenplex-bench-peers-net-") as tmp:
-        token = secrets.token_urlsafe(24)
         token_file = Path(tmp) / "token"
-        token_file.write_text(token + "\n")
-        token_file.chmod(0o600)
+        token = read_token(str(token_file), create=True)
         for h in hosts:
             with netns.Network(prefix, gbps=gbps) as net:
                 names = [net.add_host(f"h{i}").name for i in range(h)]

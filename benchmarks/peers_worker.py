@@ -121,9 +121,9 @@ class Target:
             shutil.rmtree(self.where, ignore_errors=True)
 
     def _options(self) -> dict:
-        # moto takes any credentials; the region is its default one
+        # moto takes any credentials and region (us-east-1 would make s3fs send a constraint S3 rejects)
         return {"endpoint_url": self.endpoint, "key": "bench", "secret": "bench",
-                "client_kwargs": {"region_name": "us-east-1"}}  # fmt: skip
+                "client_kwargs": {"region_name": "eu-west-1"}}  # fmt: skip
 
     def _s3(self):
         import s3fs

@@ -271,6 +271,13 @@ def http_best(row: dict) -> str:
     return f"{num(row[f'http_{best}_s'])} ({best})"
 
 
+TORCHFT = (
+    ("torchft HTTP, 1 request", peer("http_0_s", "torchft_why")),
+    ("torchft HTTP, best (chunks)", http_best),
+    ("torchft PG (gloo)", peer("pg_s", "torchft_why")),
+)
+
+
 def peers_after(doc: dict, recovery: bool) -> str:
     """Under a peer table: why a peer did not run, and which torch ByteCheckpoint ran under."""
     out = []
@@ -410,9 +417,7 @@ TABLES: dict[str, Table] = {
             ("state", size("state_GB")),
             ("tenplex save", key("tenplex_save_s")),
             ("tenplex load", key("tenplex_load_s")),
-            ("torchft HTTP, 1 request", peer("http_0_s", "torchft_why")),
-            ("torchft HTTP, best (chunks)", http_best),
-            ("torchft PG (gloo)", peer("pg_s", "torchft_why")),
+            *TORCHFT,
             ("DCP shm save + load", save_load("dcp_shm")),
             ("DCP disk save + load", save_load("dcp_disk")),
             ("floor", key("floor_s")),
@@ -435,9 +440,7 @@ TABLES: dict[str, Table] = {
             ("hosts", key("hosts")),
             ("NIC Gbit/s", key("nic_gbps_measured")),
             ("tenplex load", key("tenplex_load_s")),
-            ("torchft HTTP, 1 request", peer("http_0_s", "torchft_why")),
-            ("torchft HTTP, best (chunks)", http_best),
-            ("torchft PG (gloo)", peer("pg_s", "torchft_why")),
+            *TORCHFT,
             (
                 "DCP → S3 save + load",
                 lambda r: f"{num(r.get('dcp_s3_save_s'))} + {num(r.get('dcp_s3_load_s'))}",

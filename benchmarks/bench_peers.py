@@ -128,6 +128,10 @@ def systems(reps: list[list[dict]], names: list[str]) -> dict:
         )
     t = [r["tenplex"] for r in per_rank]
     row["saved_GB"] = sum(x.get("saved_bytes", 0) for x in t) / GB
+    # where tenplex's load spent its time (LoadInfo.phases), the slowest rank per phase, best repetition
+    loads = each_rep(reps, "tenplex", "load")
+    best = [r["tenplex"].get("load_phases", {}) for r in reps[loads.index(min(loads))]]
+    row["tenplex_load_phases"] = {k: max(p.get(k, 0.0) for p in best) for k in sorted(set().union(*best))}
     return row
 
 
@@ -270,6 +274,9 @@ def report(rows: list[dict], chunks: list[int]) -> None:
                    ["case", "hosts", "x_torchft_http", "x_torchft_http_best", "http_best_chunks", "x_pg",
                     "x_dcp_shm", "x_dcp_disk", "x_dcp_s3", "x_floor", "x_torchft_http_first", "x_pg_first",
                     "x_dcp_shm_first", "torchft_why"])  # fmt: skip
+    phases = sorted({k for r in rows for k in r["tenplex_load_phases"]})
+    flat = [{"case": r["case"], "hosts": r["hosts"], **r["tenplex_load_phases"]} for r in rows]
+    print_rows("tenplex load by phase (s, slowest rank per phase)", flat, ["case", "hosts", *phases])
     res = [r for r in rows if r["case"] != "recovery"]
     if res:
         print_rows("resharding save + load (s)", res,

@@ -67,7 +67,7 @@ def run_tenplex(w: World, job: str, src, dst, a, b) -> dict:
     out["load"], info = timed(lambda: tenplex.load(dst, job=job, process_group=w.group(b)), in_b)
     out["saved_bytes"] = handle.bytes_written if handle else 0
     if info is not None:
-        out["bytes"], out["bad"] = info.bytes, check(dst)
+        out["bytes"], out["bad"], out["load_phases"] = info.bytes, check(dst), info.phases
     dist.barrier()
     if w.rank == 0:
         for url in {w.spec["store_a"], w.spec["store_b"], *w.spec.get("rank_stores", [])}:

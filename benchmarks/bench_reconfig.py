@@ -172,7 +172,7 @@ def available_memory() -> int:
 
 
 def run_world(spec: dict, timeout: float, world: int = 4, net=None, hosts: list[str] | None = None,
-              token: str | None = None) -> list[list[dict]]:  # fmt: skip
+              token: str | None = None, worker: str = "reconfig_worker") -> list[list[dict]]:  # fmt: skip
     """The worker's ranks, all on the machine, or with `net` rank r inside namespace host hosts[r]."""
     port = free_port() if net is None else 29500
     master = "127.0.0.1" if net is None else net.hosts[hosts[0]].addr
@@ -188,7 +188,7 @@ def run_world(spec: dict, timeout: float, world: int = 4, net=None, hosts: list[
                              TENPLEX_STORE_TOKEN=token or "") for r in range(world)]  # fmt: skip
             popen = lambda r, argv, env: net.popen(hosts[r], argv, env=env)  # noqa: E731
         try:
-            run_local([sys.executable, "-m", "reconfig_worker"], world, env=e, per_rank_env=per_rank,
+            run_local([sys.executable, "-m", worker], world, env=e, per_rank_env=per_rank,
                       timeout=timeout, master=(master, port), popen=popen)  # fmt: skip
         except RanksFailed as err:
             raise SystemExit(f"ranks {err.failed} failed (their output is above)") from None

@@ -252,6 +252,48 @@ def agent_after(doc: dict) -> str:
             "for the agent.\n")  # fmt: skip
 
 
+PEERS = "python benchmarks/bench_peers.py"
+
+
+def peer(name: str, why: str) -> Cell:
+    """A peer's figure, or "not run" where the row records why it could not run (said under the table)."""
+    return lambda row: "not run" if row.get(why) else num(row.get(name))
+
+
+def save_load(system: str) -> Cell:
+    return lambda row: f"{num(row.get(f'{system}_save_s'))} + {num(row.get(f'{system}_load_s'))}"
+
+
+def http_best(row: dict) -> str:
+    if row.get("torchft_why"):
+        return "not run"
+    best = row["http_best_chunks"]
+    return f"{num(row[f'http_{best}_s'])} ({best})"
+
+
+TORCHFT = (
+    ("torchft HTTP, 1 request", peer("http_0_s", "torchft_why")),
+    ("torchft HTTP, best (chunks)", http_best),
+    ("torchft PG (gloo)", peer("pg_s", "torchft_why")),
+)
+
+
+def peers_after(doc: dict, recovery: bool) -> str:
+    """Under a peer table: why a peer did not run, and which torch ByteCheckpoint ran under."""
+    out = []
+    for r in (r for r in doc["rows"] if (r["case"] == "recovery") == recovery):
+        for why in ("torchft_why", "bytecheckpoint_why"):
+            if r.get(why):
+                out.append(f"{r['case']}: {why.split('_')[0]} not run: {r[why]}")
+        if r.get("bytecheckpoint_torch"):
+            warm = r.get("bytecheckpoint_save_s_warmup")
+            ran = f"{r['case']}: ByteCheckpoint ran under torch {r['bytecheckpoint_torch']} (its own venv)"
+            out.append(ran + (f"; its untimed warm-up save took {warm:.1f} s" if warm else ""))
+        if r.get("bad"):
+            out.append(f"{r['case']}: WRONG VALUES: {r['bad']}")
+    return ("\n" + "\n".join(f"- {line}" for line in out) + "\n") if out else ""
+
+
 TABLES: dict[str, Table] = {
     "demo": Table(
         "demo.json",
@@ -367,6 +409,69 @@ TABLES: dict[str, Table] = {
             "x_central_load busiest_GB central_busiest_GB cross_bound_s central_bound_s cross_s "
             "x_cross_bound x_load_bound nic_gbps_measured"
         ),
+    ),
+    "peers-recovery": Table(
+        "bench_peers.json",
+        PEERS,
+        (
+            ("state", size("state_GB")),
+            ("tenplex save", key("tenplex_save_s")),
+            ("tenplex load", key("tenplex_load_s")),
+            *TORCHFT,
+            ("DCP shm save + load", save_load("dcp_shm")),
+            ("DCP disk save + load", save_load("dcp_disk")),
+            ("floor", key("floor_s")),
+            ("x_torchft_http", peer("x_torchft_http", "torchft_why")),
+            ("x_torchft_http_best", peer("x_torchft_http_best", "torchft_why")),
+            ("x_pg", peer("x_pg", "torchft_why")),
+            ("x_dcp_shm", key("x_dcp_shm")),
+            ("x_dcp_disk", key("x_dcp_disk")),
+            ("x_floor", key("x_floor")),
+            ("first: x_torchft_http_best", peer("x_torchft_http_best_first", "torchft_why")),
+            ("first: x_pg", peer("x_pg_first", "torchft_why")),
+        ),
+        rows=lambda r: r["case"] == "recovery",
+        after=lambda doc: peers_after(doc, recovery=True),
+    ),
+    "peers-netns": Table(
+        "bench_peers_netns.json",
+        f"sudo -E {PEERS} --network netns --nic-gbps 2",
+        (
+            ("hosts", key("hosts")),
+            ("NIC Gbit/s", key("nic_gbps_measured")),
+            ("tenplex load", key("tenplex_load_s")),
+            *TORCHFT,
+            (
+                "DCP → S3 save + load",
+                lambda r: f"{num(r.get('dcp_s3_save_s'))} + {num(r.get('dcp_s3_load_s'))}",
+            ),
+            ("DCP shared /dev/shm load", key("dcp_shm_load_s")),
+            ("floor", key("floor_s")),
+            ("x_torchft_http_best", peer("x_torchft_http_best", "torchft_why")),
+            ("x_pg", peer("x_pg", "torchft_why")),
+            ("x_dcp_s3", key("x_dcp_s3")),
+            ("x_dcp_shm (shared)", key("x_dcp_shm")),
+            ("x_floor", key("x_floor")),
+        ),
+        after=lambda doc: peers_after(doc, recovery=True),
+    ),
+    "peers-reshard": Table(
+        "bench_peers.json",
+        PEERS,
+        (
+            ("change", lambda r: {"fsdp": "FSDP2 4 → 3", "dp": "dp 2 → 4"}.get(r["case"], r["case"])),
+            ("state", size("state_GB")),
+            *plain("tenplex_save_s tenplex_load_s dcp_shm_save_s dcp_shm_load_s"),
+            ("bytecheckpoint_save_s", peer("bytecheckpoint_save_s", "bytecheckpoint_why")),
+            ("bytecheckpoint_load_s", peer("bytecheckpoint_load_s", "bytecheckpoint_why")),
+            ("x_dcp_shm", key("x_dcp_shm")),
+            ("x_bytecheckpoint", peer("x_bytecheckpoint", "bytecheckpoint_why")),
+            ("x_floor", key("x_floor")),
+            ("first: x_dcp_shm", key("x_dcp_shm_first")),
+            ("first: x_bytecheckpoint", peer("x_bytecheckpoint_first", "bytecheckpoint_why")),
+        ),
+        rows=lambda r: r["case"] != "recovery",
+        after=lambda doc: peers_after(doc, recovery=False),
     ),
     "snapshot": Table("bench_snapshot.json", "python benchmarks/bench_snapshot.py", SNAPSHOT),
     "snapshot-cuda": Table(

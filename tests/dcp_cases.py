@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 import traceback
 
 import torch
@@ -20,12 +21,13 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import tenplex
 from launch import write_result
 from tenplex.dcp import StoreReader, StoreWriter
+from tenplex.transformer.fetch import HeldBoxes
 
 
 class Tiny(nn.Module):
@@ -99,9 +101,57 @@ def relay(rank: int) -> dict:
         dcp.load(got, storage_reader=reader, process_group=pairs[1])
         res = {"equal": torch.equal(got["w"], weight) and got["n"] == 5, "relayed": reader.relayed}
         dist.barrier(pairs[1])
-        res["left"] = tenplex.store.StoreClient(a).stats()["relay_blobs"]
+        res["left"] = relay_left(a)
     dist.barrier()
     return res
+
+
+def relay_left(url: str, within: float = 10.0) -> int:
+    """The store's relay cache entries, once the load's drop (sent without waiting) got there."""
+    stats = tenplex.store.StoreClient(url).stats
+    deadline = time.monotonic() + within
+    while (left := stats()["relay_blobs"]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return left
+
+
+def same_plan(rank: int) -> dict:
+    """`tenplex.save` on a (tp 2, dp 2) mesh whose tp halves lie one per host, then one target (w split by
+    columns, b and c replicated, on 4 ranks) loaded through `tenplex.load` and through `StoreReader`: each
+    rank's reads as the executor ran them (which rank's store serves which box to which rank, by which
+    route), and whether both doors filled the same bytes, the source's."""
+    full = {"w": torch.arange(32.0).reshape(8, 4), "b": torch.arange(6.0) + 100,
+            "c": torch.arange(12.0).reshape(4, 3) * 2}  # fmt: skip
+    src = init_device_mesh("cpu", (2, 2), mesh_dim_names=("tp", "dp"))
+    placed = {"w": [Shard(0), Replicate()], "b": [Shard(0), Replicate()], "c": [Replicate(), Shard(0)]}
+    tenplex.save({n: distribute_tensor(t, src, placed[n]) for n, t in full.items()}, job="planjob", step=1)
+    dst = init_device_mesh("cpu", (4,))
+    into = {"w": [Shard(1)], "b": [Replicate()], "c": [Replicate()]}
+    seen: list[list] = []
+    real = HeldBoxes.read
+
+    def spy(held: HeldBoxes, reads: list) -> None:
+        seen.extend([r.fetch.tensor, str(r.fetch.box), r.fetch.dst, r.fetch.src, r.fetch.route.value,
+                     r.store.url, r.peer or ""] for r in reads)  # fmt: skip
+        real(held, reads)
+
+    got, plans = [], []
+    HeldBoxes.read = spy
+    try:
+        for door in ("tenplex.load", "StoreReader"):
+            sd = {n: distribute_tensor(torch.zeros_like(t), dst, into[n]) for n, t in full.items()}
+            if door == "tenplex.load":
+                tenplex.load(sd, job="planjob")
+            else:
+                dcp.load(sd, storage_reader=StoreReader("planjob"))
+            got.append(sd)
+            plans.append(sorted(seen))
+            seen.clear()
+    finally:
+        HeldBoxes.read = real
+    same = all(torch.equal(got[0][n].to_local().view(torch.uint8), got[1][n].to_local().view(torch.uint8))
+               and torch.equal(got[1][n].full_tensor(), full[n]) for n in full)  # fmt: skip
+    return {"load": plans[0], "dcp": plans[1], "equal": same}
 
 
 def main() -> None:
@@ -159,6 +209,7 @@ def main() -> None:
                 out["missing_msg"] = str(next(iter(e.failures.values()))[0])
         dist.barrier()
         out["relay"] = relay(rank)
+        out["same_plan"] = same_plan(rank)
         out["ok"] = True
     except BaseException:
         out["error"] = traceback.format_exc()

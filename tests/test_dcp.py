@@ -57,6 +57,19 @@ def test_ranges_two_ranks_need_from_another_host_are_relayed_once_and_freed(resu
         assert res["equal"] and res["relayed"] > 0 and res["left"] == 0, res
 
 
+def test_store_reader_and_tenplex_load_make_the_same_plan(results):
+    """Same snapshot, same target layout: every rank runs the same reads through both doors (the planner's
+    source policy: own device, a replica on its host, one sender per host and box, relayed to the host's
+    other rank), and both fill the same bytes."""
+    routes = set()
+    for r, res in enumerate(results):
+        got = res["same_plan"]
+        assert got["load"] and got["dcp"] == got["load"], (r, got["dcp"], got["load"])
+        assert got["equal"], r
+        routes.update(read[4] for read in got["load"])
+    assert routes == {"kept", "same_host", "cross_host", "relayed"}, routes
+
+
 # ---------------------------------------------------------------- one process, real stores
 
 

@@ -25,7 +25,6 @@ from torch.distributed.checkpoint.metadata import (
 from ..ptc import PTC, Box, PTCError
 from ..ptc import values as value_codec
 from ..transformer.durable import TORCH_DTYPES
-from ..transformer.gathered import blob_name
 
 try:  # the version DCP's own file system writer stamps; absent in some releases
     from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
@@ -59,9 +58,6 @@ class Stored:
     blob: bool = True
     value: Any = None
 
-    def blob_of(self, rank: int) -> str:
-        return blob_name(rank, self.name)
-
     def value_bytes(self) -> io.BytesIO:
         """The value as DCP's planners expect non-tensor data: `torch.save` bytes."""
         out = io.BytesIO()
@@ -70,9 +66,8 @@ class Stored:
         return out
 
 
-def to_metadata(manifest: dict[str, Any]) -> tuple[Metadata, PTC]:
-    """DCP metadata of a committed snapshot, and its PTC (for the hosts of the holder ranks)."""
-    ptc = PTC.from_json(manifest["ptc"])
+def to_metadata(manifest: dict[str, Any], ptc: PTC) -> Metadata:
+    """DCP metadata of a committed snapshot (`ptc`: its manifest's PTC)."""
     items: dict[str, Any] = {}
     storage: dict[MetadataIndex, Stored] = {}
     for name, meta in ptc.tensors.items():
@@ -91,7 +86,7 @@ def to_metadata(manifest: dict[str, Any]) -> tuple[Metadata, PTC]:
             items[name] = BytesStorageMetadata()
             storage[MetadataIndex(name)] = Stored(name, blob=False, value=value)
     section = manifest.get(DCP_SECTION, {})
-    meta = Metadata(
+    return Metadata(
         state_dict_metadata=items,
         planner_data=value_codec.decode(section["planner_data"]) if "planner_data" in section else None,
         storage_data=storage,
@@ -101,4 +96,3 @@ def to_metadata(manifest: dict[str, Any]) -> tuple[Metadata, PTC]:
         ),
         version=CURRENT_DCP_VERSION,
     )
-    return meta, ptc

@@ -1,10 +1,12 @@
-"""`StoreReader`: DCP's `StorageReader` on the tensor stores.
+"""`StoreReader`: DCP's `StorageReader` on the tensor stores, an adapter onto the roles of `tenplex.load`.
 
-DCP plans which byte ranges every rank needs; the coordinator picks, per range, a store that holds it (the
-reading rank's own store first, surviving replicas for lost stores) and marks ranges that several ranks of
-one host need from another host, which that host's store then fetches once (relay) and serves to each.
-Every range lands in the target tensor (shared memory on the same host, the network otherwise), checked
-against the chunk digests on the way.
+DCP says which ranges every rank needs (its `ReadItem`s); the coordinator hands them to the planner as the
+ranks' targets (`layout`), which picks each range's source as it does for `tenplex.load`: the rank's own
+device, else the least-loaded replica on its host, else one sender per host and range, relayed by that
+host's store to its other ranks, and surviving replicas for lost stores. Each rank runs its part with the
+transformer's executor (`HeldBoxes`: shared memory on the same host, the network otherwise, checked against
+the chunk digests), the ranks `agree` on the outcome, and only then are the targets written and handed to
+DCP's planner, so a load that fails anywhere writes no target.
 """
 
 from __future__ import annotations
@@ -14,30 +16,43 @@ import io
 import os
 import uuid
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from torch.distributed.checkpoint.metadata import Metadata
-from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
-from ..ptc import PTC, Box
-from ..store import StoreError, read_many, relay_many
+from ..planner import Fetch, plan
+from ..ptc import PTC
 from ..store.keys import check_job, check_step
 from ..transformer import world
+from ..transformer.agree import agree, attempt
+from ..transformer.breakdown import Breakdown
 from ..transformer.durable import TORCH_DTYPES
 from ..transformer.errors import StateError, UnrecoverableError
-from ..transformer.shards import DTYPES, Staged
-from ..transformer.snapshot import choose
-from ..transformer.stores import client, resolve
+from ..transformer.fetch import HeldBoxes, Read, Via, drop_relays, routes, shared_remote_boxes
+from ..transformer.gathered import describe, subset
+from ..transformer.shards import DTYPES, LocalShard
+from ..transformer.snapshot import Snapshot, Version, choose
+from ..transformer.stores import resolve
 from ..util import env
+from .layout import global_box, key, targets, with_bytes
 from .location import location
 from .metadata import Stored, to_metadata
 
-Source = tuple[str, str, bool] | None  # (store URL, blob name, through the own store's relay); None: a value
+
+@dataclass(frozen=True)
+class _Part:
+    """One rank's part of the global plan, from `prepare_global_plan` to its `read_data`."""
+
+    fetches: list[Fetch]  # what the rank (and its slots) pull, from which old rank
+    shared: set[tuple[str, Any, int]]  # the boxes its host's store relays (`shared_remote_boxes`)
+    remap: dict[str, str]  # lost stores whose blobs a replica store serves
+    stores: list[str]  # every rank's store, in rank order
+    rank: int
 
 
 class StoreReader(StorageReader):
@@ -48,8 +63,8 @@ class StoreReader(StorageReader):
 
     `store`: this rank's store (default $TENPLEX_STORE, else the local default). `sources`: more stores to
     look in (default $TENPLEX_SOURCES, comma-separated), e.g. the old hosts' stores after a move.
-    `process_group`: the group given to `dcp.load`, when not the default one (ranks that share relayed
-    ranges wait for each other before the relay cache is freed).
+    `process_group`: the group given to `dcp.load`, when not the default one (the ranks agree on the
+    outcome of their reads before any target is written).
     """
 
     def __init__(
@@ -74,21 +89,22 @@ class StoreReader(StorageReader):
         self.group = process_group
         self.load_id = uuid.uuid4().hex
         self.storage: dict[Any, Stored] = {}
-        self._chosen: tuple[int, dict, PTC] | None = None
+        self._snap: Snapshot | None = None
         self._error: BaseException | None = None
         self._peers: set[str] = set()  # the stores of the other ranks of the load
-        self.relayed = 0  # ranges the last load took through this host's relay (fetched once per host)
+        self.reads: list[Read] = []  # this rank's reads in the last load, as the executor ran them
+        self.relayed = 0  # of those, the ranges taken through this host's relay (fetched once per host)
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id is not None:
             self.job, self.step = location(checkpoint_id, self.job)
         self.load_id = uuid.uuid4().hex
-        self._chosen, self._error = None, None
+        self._snap, self._error = None, None
 
     @property
     def chosen_step(self) -> int | None:
         """The step the last `dcp.load` read (after `read_metadata`)."""
-        return None if self._chosen is None else self._chosen[0]
+        return None if self._snap is None else self._snap.step
 
     def _urls(self) -> list[str]:
         return sorted({self.url, *self.sources, *self._peers}, key=lambda u: u != self.url)
@@ -109,9 +125,9 @@ class StoreReader(StorageReader):
         except StateError as e:
             self._error = e
             return Metadata(state_dict_metadata={})
-        meta, ptc = to_metadata(snap.manifest)
+        meta = to_metadata(snap.manifest, snap.ptc)
         meta.storage_meta.load_id = self.load_id
-        self._chosen = (snap.step, snap.manifest, ptc)
+        self._snap = snap
         return meta
 
     def set_up_storage_reader(
@@ -122,140 +138,132 @@ class StoreReader(StorageReader):
         self.storage = metadata.storage_data
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
-        step, manifest, _ = self._chosen
-        snapshot = (step, manifest["save_id"])
-        return dataclasses.replace(plan, storage_data={"store": self.url, "snapshot": snapshot})
+        """This rank's store and device (as `tenplex.load` names them) travel to the coordinator."""
+        assert self._snap is not None
+        device = describe(self.url, {}, {}, self.group).device
+        info = {"store": self.url, "device": device, "snapshot": (self._snap.step, self._save_id)}
+        return dataclasses.replace(plan, storage_data=info)
 
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
-        """Coordinator: one source per range for every rank, and the ranges each host relays."""
+        """Coordinator: the planner's plan from the snapshot to the ranks' read items; each rank's part."""
+        snap = self._recheck(plans)
+        new, owner = targets(plans, self.storage, snap.ptc)
+        p = plan(subset(with_bytes(snap.view, self.storage), set(new.tensors)), new, lost=snap.lost)
+        if not p.complete:
+            raise UnrecoverableError([(t, str(b)) for t, b in p.unrecoverable])
+        fetches: dict[int, list[Fetch]] = defaultdict(list)
+        for f in p.fetches():
+            fetches[owner[f.dst]].append(f)
+        stores = [pl.storage_data["store"] for pl in plans]
+        shared = {url: shared_remote_boxes(p, url) for url in set(stores)}
+        return [
+            dataclasses.replace(pl, storage_data=_Part(fetches[r], shared[url], snap.remap, stores, r))
+            for r, (pl, url) in enumerate(zip(plans, stores))
+        ]
+
+    def _recheck(self, plans: list[LoadPlan]) -> Snapshot:
+        """The snapshot every rank chose, with its lost stores and their replicas, still the one saved."""
         if len({p.storage_data["snapshot"] for p in plans}) > 1:
             raise StateError(
                 f"the ranks chose different snapshots of {self.job!r} (a save committed during the load): "
                 "load again, or name the step"
             )
-        step, manifest, _ = self._chosen
+        assert self._snap is not None
+        step = self._snap.step
         snap = choose(self.job, step, self._urls(), check=True)
-        if snap.manifest.get("save_id") != manifest.get("save_id"):
+        if snap.manifest.get("save_id") != self._save_id:
             raise StateError(f"version {step} of {self.job!r} was saved again during the load: load again")
-        lost, hosts = set(snap.lost), list(snap.view.mesh.hosts)
-        picks: list[list[tuple[str, str, Box] | None]] = []
-        readers: dict[tuple[str, str, str, Box], set[int]] = defaultdict(set)
-        missing: list[tuple[str, str]] = []
-        for r, p in enumerate(plans):
-            own, mine = p.storage_data["store"], []
-            for item in p.items:
-                s = self.storage[item.storage_index]
-                if not s.blob:
-                    mine.append(None)
-                    continue
-                alive = [h for h in s.holders if hosts[h] not in lost]
-                if not alive:
-                    missing.append((s.name, str(s.box)))
-                    mine.append(None)
-                    continue
-                h = next((h for h in alive if hosts[h] == own), alive[r % len(alive)])
-                box = _range(item, s)
-                mine.append((hosts[h], s.blob_of(h), box))
-                readers[(own, hosts[h], s.blob_of(h), box)].add(r)
-            picks.append(mine)
-        if missing:
-            raise UnrecoverableError(missing)
-        shared = {k for k, ranks in readers.items() if len(ranks) > 1 and k[0] != k[1]}
-        # the lowest rank relaying through each store frees that store's relay cache once all have read
-        relaying = {k[0] for k in shared}
-        droppers = {min(r for k in shared if k[0] == own for r in readers[k]) for own in relaying}
-        out = []
-        for r, (p, mine) in enumerate(zip(plans, picks)):
-            own = p.storage_data["store"]
-            sources: list[Source] = [None if m is None else (m[0], m[1], (own, *m) in shared) for m in mine]
-            data = {"sources": sources, "relays": bool(shared), "drop": r in droppers, "step": step}
-            out.append(dataclasses.replace(p, storage_data=data))
-        return out
+        return snap
+
+    @property
+    def _save_id(self) -> str | None:
+        return None if self._snap is None else self._snap.manifest.get("save_id")
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        data = plan.storage_data
-        step, own = data["step"], client(self.url)
-        try:
-            values, tensors, direct, relayed = self._reads(plan, planner)
-            self.relayed = len(relayed)
-            try:
-                sid = self._chosen[1].get("save_id")  # every read of the chosen save only
-                with ThreadPoolExecutor(max_workers=1) as pool:
-                    relays = pool.submit(relay_many, [(own, *r) for r in relayed], self.job, step, 8, sid)
-                    read_many(direct, 8, sid)
-                    relays.result()
-            except StoreError as e:
-                raise StateError(f"loading the snapshot of {self.job!r} at step {step}: {e}") from e
-        finally:
-            if data["relays"]:  # every rank reaches this, so that none waits for a rank that failed
-                world.barrier(self.group)
-                if data["drop"]:
-                    try:
-                        own.drop_relay(self.job, step)
-                    except StoreError:
-                        pass
-        _deliver(values, tensors, planner)
+        """This rank's part run by the executor; the targets written once every rank's reads arrived."""
+        part: _Part = plan.storage_data
+        assert self._snap is not None
+        at = Version(self.job, self._snap.step, self._save_id)
+        items = _Items(self.storage, self._snap.ptc)
+        self.reads = []
+        error = attempt(lambda: self.reads.extend(self._routes(part, items, plan.items, planner)))
+        with HeldBoxes(items.shards, at, 8, Breakdown()) as held:  # lets go of held boxes on every way out
+            if error is None:
+                error = attempt(lambda: held.read(self.reads))
+            if len(part.stores) > 1:  # every rank learns every rank's outcome (no collective for no_dist)
+                failed = agree(error, self.group)
+                error = None if failed is None else failed.raised("load the snapshot")
+            drop_relays(at.job, at.step, self.url, part.stores, part.rank)
+            if error is not None:
+                raise error
+            held.write()
+        self.relayed = sum(r.via is Via.RELAY for r in self.reads)
+        items.deliver(planner)
         fut: Future[None] = Future()
         fut.set_result(None)
         return fut
 
-    def _reads(self, plan: LoadPlan, planner: LoadPlanner) -> tuple[list, list, list, list]:
-        """Where each item of `plan` lands (values: bytes for DCP; tensors: staged targets) and the reads
-        that fill them, direct and relayed; values this rank's own manifest holds are handed over now."""
-        data = plan.storage_data
-        values, tensors, direct, relayed = [], [], [], []
-        for item, src in zip(plan.items, data["sources"]):
-            s = self.storage[item.storage_index]
-            if item.type == LoadItemType.BYTE_IO:
-                if src is None:
-                    planner.load_bytes(item, s.value_bytes())
-                    continue
-                out = np.empty(s.box.shape, np.uint8)
-                values.append((item, out))
-            else:
-                target = planner.resolve_tensor(item).detach()
-                staged = _staging(target, self._chosen[2].tensors[s.name].dtype)
-                out = staged.array if staged.array.flags.c_contiguous else np.empty_like(staged.array)
-                tensors.append((item, target, staged, out))
-            url, blob, relay = src
-            box = _range(item, s)
-            if relay:
-                relayed.append((url, blob, box, out))
-            else:
-                direct.append((client(url), self.job, data["step"], blob, box, out))
-        return values, tensors, direct, relayed
+    def _routes(self, part: _Part, items: _Items, read: list[ReadItem], planner: LoadPlanner) -> list[Read]:
+        """The executor's reads of this rank's part, each into the target of its read item."""
+        items.resolve(read, planner)
+        differ = {key(f.tensor, f.box) for f in part.fetches} ^ items.wanted()
+        if differ:
+            raise StateError(f"the plan and DCP's read items differ on {sorted(differ)[:3]}")
+        snap = self._snap
+        assert snap is not None
+        if part.remap:  # the lost stores' ranks are served by their replicas
+            snap = Snapshot(snap.step, snap.manifest, remap=part.remap)
+        old = with_bytes(snap.view, self.storage)
+        return routes(part.fetches, items.shards, old, self.url, central=False, shared=part.shared,
+                      target_of=lambda f: key(f.tensor, f.box))  # fmt: skip
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
         return False  # never chosen by DCP on its own: pass the reader explicitly
 
 
-def _staging(target: torch.Tensor, stored: str) -> Staged:
-    """Where a range lands: in the target itself, or, when the snapshot holds another dtype, in a tensor of
-    that dtype (converted into the target once read)."""
-    if DTYPES.get(target.dtype) == stored:
-        return Staged(target, fill=False)
-    return Staged(torch.empty(target.shape, dtype=TORCH_DTYPES[stored]), fill=False)
+class _Items:
+    """This rank's read items as the executor's targets, one shard each (`layout.key`), and their hand-over
+    to DCP's planner once written. A range lands in its target itself, or, when the snapshot holds another
+    dtype, in a tensor of that dtype, converted by `copy_` as DCP's own readers do."""
 
+    def __init__(self, storage: dict[Any, Stored], snapshot: PTC) -> None:
+        self.storage, self.snapshot = storage, snapshot
+        self.shards: dict[str, LocalShard] = {}
+        self._landed: list[tuple[ReadItem, LocalShard, torch.Tensor | None]] = []  # None: DCP's bytes
+        self._values: list[tuple[ReadItem, Stored]] = []  # values the manifest holds
 
-def _deliver(values: list, tensors: list, planner: LoadPlanner) -> None:
-    """The bytes read, handed to DCP's planner: values as streams, tensors written into their targets
-    (converted by `copy_` where the snapshot's dtype differs, as DCP's own readers do)."""
-    for item, out in values:
-        planner.load_bytes(item, io.BytesIO(out.tobytes()))
-    for item, target, staged, out in tensors:
-        if out is not staged.array:
-            np.copyto(staged.array, out)
-        if staged.tensor is target:
-            staged.finish()
-        else:
-            target.copy_(staged.tensor)
-        planner.commit_tensor(item, target)
+    def resolve(self, items: list[ReadItem], planner: LoadPlanner) -> None:
+        for item in items:
+            s = self.storage[item.storage_index]
+            if not s.blob:
+                self._values.append((item, s))
+                continue
+            box, meta = global_box(item, s), self.snapshot.tensors.get(s.name)
+            target: torch.Tensor | None = None
+            if meta is None:  # DCP's bytes: a blob of uint8
+                shape, dtype, local = box.shape, "uint8", torch.empty(box.shape, dtype=torch.uint8)
+            else:
+                target = planner.resolve_tensor(item).detach()
+                shape, dtype, local = meta.shape, meta.dtype, target
+                if DTYPES.get(target.dtype) != meta.dtype:
+                    local = torch.empty(target.shape, dtype=TORCH_DTYPES[meta.dtype])
+            name = key(s.name, box)
+            if name in self.shards:
+                raise StateError(f"two read items of this rank fill {s.name!r} {box}")
+            self.shards[name] = LocalShard(s.name, shape, dtype, box, local)
+            self._landed.append((item, self.shards[name], target))
 
+    def wanted(self) -> set[str]:
+        return {k for k, shard in self.shards.items() if not shard.box.empty}
 
-def _range(item: Any, s: Stored) -> Box:
-    """The box of the stored blob a read item names (bytes: the whole blob)."""
-    if item.type == LoadItemType.BYTE_IO:
-        return s.box
-    start = tuple(int(o) for o in item.storage_offsets)
-    return Box(start, tuple(a + int(n) for a, n in zip(start, item.lengths)))
+    def deliver(self, planner: LoadPlanner) -> None:
+        for item, s in self._values:
+            planner.load_bytes(item, s.value_bytes())
+        for item, shard, target in self._landed:
+            if target is None:
+                planner.load_bytes(item, io.BytesIO(shard.local.numpy().tobytes()))
+                continue
+            if shard.local is not target:
+                target.copy_(shard.local)
+            planner.commit_tensor(item, target)

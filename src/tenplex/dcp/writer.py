@@ -1,8 +1,9 @@
 """`StoreWriter`: DCP's `StorageWriter` on the tensor stores.
 
 Every rank writes the chunks DCP's planner gave it into its own host's store (shared memory on the same
-host); the coordinator then commits the version on every store with one manifest, exactly as `tenplex.save`
-does, so a torn save is never read and `tenplex.load` can read the snapshot too.
+host); the coordinator then commits the version through `tenplex.save`'s own commit (`transformer.commit`:
+one manifest on every store, stamped with their replicas and incarnations, then retention), so a torn save
+is never read and `tenplex.load` can read the snapshot too.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from torch.futures import Future
 from ..ptc import Box
 from ..ptc import values as value_codec
 from ..store.keys import check_job, check_step
-from ..transformer.commit import replace_committed
+from ..transformer.commit import commit, replace_committed
 from ..transformer.errors import StateError
-from ..transformer.gathered import RankShards, blob_name, build_ptc, describe
-from ..transformer.shards import DTYPES, Staged
+from ..transformer.gathered import RankShards, blob_name, build_ptc, check_devices, describe
+from ..transformer.shards import DTYPES, Staged, stored_dtype
 from ..transformer.snapshot import make_manifest
 from ..transformer.stores import client, resolve
 from .location import location
@@ -102,11 +103,8 @@ class StoreWriter(StorageWriter):
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         for item in plan.items:
-            if item.type != WriteItemType.BYTE_IO and item.tensor_data.properties.dtype not in DTYPES:
-                raise StateError(
-                    f"tensor {item.index.fqn!r} has dtype {item.tensor_data.properties.dtype}, "
-                    "which tenplex cannot store"
-                )
+            if item.type != WriteItemType.BYTE_IO:
+                stored_dtype(item.index.fqn, item.tensor_data.properties.dtype)
         replace_committed(client(self.url), self.job, self.step, self.overwrite)  # before plans are gathered
         device = describe(self.url, {}, {}).device
         info = {"store": self.url, "device": device, "at": (self.job, self.step)}
@@ -117,8 +115,7 @@ class StoreWriter(StorageWriter):
         ShardedTensor with several shards on one rank) get slots, PTC devices of their own on its store."""
         self._ranks = [dict(p.storage_data) for p in plans]
         devices = [r["device"] for r in self._ranks]
-        if len(set(devices)) != len(devices):
-            raise StateError(f"two ranks claim the same device id: {devices} (set TENPLEX_DEVICE)")
+        check_devices(devices)
         places = {tuple(r["at"]) for r in self._ranks}
         if len(places) > 1:
             raise StateError(f"the ranks name different checkpoints: {sorted(places)} (same checkpoint_id)")
@@ -176,19 +173,11 @@ class StoreWriter(StorageWriter):
                 md = metadata.state_dict_metadata[name]
                 span = (w.box.start, w.box.stop)
                 layouts[w.holder].tensors[name] = (tuple(md.size), DTYPES[md.properties.dtype], span)
-        ptc = build_ptc(layouts, values)
-        stores = sorted(blobs)
-        manifest = make_manifest(self.job, self.step, ptc)
-        manifest.update(save_id=self.save_id, stores=stores)  # DCP's storage_meta carries this save id
+        # DCP's storage_meta carries this save id; the stores are the ranks' (blobs' keys)
+        manifest = make_manifest(self.job, self.step, build_ptc(layouts, values), save_id=self.save_id)
         named = {"checkpoint_id": self._named} if self._named else {}
         manifest[DCP_SECTION] = {"bytes": raw, **named, **planner_data(metadata)}
-        # where each store copies its committed versions, so a load can find them when it dies
-        manifest["replicas"] = {u: client(u).health().get("replicas", []) for u in stores}
-        for url in stores:
-            client(url).commit(self.job, self.step, manifest, wait_replicas=True, blobs=blobs[url])
-        if self.keep is not None:  # only once committed everywhere
-            for url in stores:
-                client(url).retain(self.job, self.keep, protect=(self.step, self.save_id))
+        commit(manifest, blobs, self.keep)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:

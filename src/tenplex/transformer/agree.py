@@ -44,6 +44,11 @@ class Failed:
         """Whether this rank is the first that failed (then its own exception is the one to raise)."""
         return self.mine is not None and self.first.rank == self.me
 
+    def raised(self, what: str) -> BaseException:
+        """What this rank raises: its own exception, else one naming the first rank that could not `what`
+        (every rank takes the same way out)."""
+        return self.mine or StateError(f"rank {self.first.rank} could not {what}: {self.first.why}")
+
     @property
     def stores_only(self) -> bool:
         """Whether every failure is the stores' fault (else a bug, which no fallback may hide)."""

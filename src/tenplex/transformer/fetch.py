@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import partial
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -41,9 +42,11 @@ class Via(StrEnum):
 @dataclass(frozen=True, slots=True)
 class Read:
     """One fetch of the plan as the executor runs it: `src_box` within its source blob, from `store`, which
-    relays it from `peer` when one is named."""
+    relays it from `peer` when one is named, into the shard keyed `target` (`tenplex.load`: the tensor's
+    name; DCP: one shard per read item)."""
 
     fetch: Fetch
+    target: str
     src_box: Box
     store: StoreClient
     peer: str | None = None
@@ -79,10 +82,12 @@ def routes(
     *,
     central: bool,
     shared: set[tuple[str, Any, int]],
+    target_of: Callable[[Fetch], str] = attrgetter("tensor"),
 ) -> list[Read]:
-    """Each fetch of this rank as a read: from this host's store (`url`) when the source is on this host,
-    through it when the box is `shared` or lands in a CPU target, else from the source's store; with
-    `central`, every read goes through the first old host's store (the paper's Tenplex-Central)."""
+    """Each fetch of this rank as a read into `shards[target_of(fetch)]`: from this host's store (`url`)
+    when the source is on this host, through it when the box is `shared` or lands in a CPU target, else
+    from the source's store; with `central`, every read goes through the first old host's store (the
+    paper's Tenplex-Central)."""
     hub: StoreClient | None = client(old.mesh.hosts[0]) if central else None
     own = client(url)
     sources = {
@@ -93,16 +98,16 @@ def routes(
     }
     out = []
     for f in fetches:
-        src_box = f.box.relative_to(sources[(f.tensor, f.src)])
+        key, src_box = target_of(f), f.box.relative_to(sources[(f.tensor, f.src)])
         src_url = old.mesh.hosts[f.src]
         if hub is not None:
-            out.append(Read(f, src_box, hub, None if src_url == hub.url else src_url))
+            out.append(Read(f, key, src_box, hub, None if src_url == hub.url else src_url))
         elif src_url == url:
-            out.append(Read(f, src_box, own))
-        elif (f.tensor, f.box, f.src) in shared or _relays_to_cpu(own, client(src_url), shards[f.tensor]):
-            out.append(Read(f, src_box, own, src_url))  # into this host's store: fetched once, held there
+            out.append(Read(f, key, src_box, own))
+        elif (f.tensor, f.box, f.src) in shared or _relays_to_cpu(own, client(src_url), shards[key]):
+            out.append(Read(f, key, src_box, own, src_url))  # into this host's store: fetched once, held
         else:
-            out.append(Read(f, src_box, client(src_url)))
+            out.append(Read(f, key, src_box, client(src_url)))
     return out
 
 
@@ -186,7 +191,7 @@ class HeldBoxes:
             copy_into(view, src.view(view.dtype) if view.dtype in VIEW_AS else src)
         for h, reads in self._holds:  # dtypes checked by hold_boxes
             for r, arr in zip(reads, h.arrays):
-                shard = self.shards[r.fetch.tensor]
+                shard = self.shards[r.target]
                 dst = as_numpy(shard.local[r.fetch.box.relative_to(shard.box).slices()])
                 np.copyto(dst, arr.view(dst.dtype), casting="no")  # bfloat16: uint16 on both sides
 
@@ -197,28 +202,26 @@ class HeldBoxes:
             h.close()
 
     def _in_place(self, r: Read) -> bool:
-        return r.store.is_local and self.shards[r.fetch.tensor].local.device.type == "cpu"
+        return r.store.is_local and self.shards[r.target].local.device.type == "cpu"
 
     def _scratch(self, pulled: list[Read]) -> _Requests:
         """Scratch for the boxes that do not stay in a store, from one arena, and the reads into it."""
         shards = self.shards
-        rels = [r.fetch.box.relative_to(shards[r.fetch.tensor].box) for r in pulled]
-        runs = [_contiguous(rel, shards[r.fetch.tensor].box.shape) for r, rel in zip(pulled, rels)]
-        whole = sorted({r.fetch.tensor for r, run in zip(pulled, runs) if run})
-        dtypes = {n: np.dtype(NUMPY_DTYPE[shards[n].dtype]) for n in {r.fetch.tensor for r in pulled}}
-        apart = [
-            rel.volume * dtypes[r.fetch.tensor].itemsize for r, rel, run in zip(pulled, rels, runs) if not run
-        ]
+        rels = [r.fetch.box.relative_to(shards[r.target].box) for r in pulled]
+        runs = [_contiguous(rel, shards[r.target].box.shape) for r, rel in zip(pulled, rels)]
+        whole = sorted({r.target for r, run in zip(pulled, runs) if run})
+        dtypes = {n: np.dtype(NUMPY_DTYPE[shards[n].dtype]) for n in {r.target for r in pulled}}
+        apart = [rel.volume * dtypes[r.target].itemsize for r, rel, run in zip(pulled, rels, runs) if not run]
         arena = Arena(Arena.size_of([shards[n].local.nbytes for n in whole] + apart))
         self._staged = {n: Staged(shards[n].local, fill=False, scratch=arena) for n in whole}
         into = _Requests()
         for r, rel, run in zip(pulled, rels, runs):
             if run:
-                out = self._staged[r.fetch.tensor].array[(*rel.slices(), ...)]
+                out = self._staged[r.target].array[(*rel.slices(), ...)]
             else:
-                dtype = dtypes[r.fetch.tensor]
+                dtype = dtypes[r.target]
                 out = arena.take(rel.volume * dtype.itemsize).view(dtype).reshape(rel.shape)
-                self._apart.append((shards[r.fetch.tensor].local[rel.slices()], out))
+                self._apart.append((shards[r.target].local[rel.slices()], out))
             into.add(r, out, self.at)
         return into
 
@@ -234,7 +237,7 @@ class HeldBoxes:
             by_store.setdefault(id(r.store), (r.store, []))[1].append(r)
         at = self.at
         for c, reads in by_store.values():
-            asked = [(r.blob, r.src_box, self.shards[r.fetch.tensor].dtype) for r in reads]
+            asked = [(r.blob, r.src_box, self.shards[r.target].dtype) for r in reads]
             self._holds.append((c.hold_boxes(at.job, at.step, asked, at.save_id), reads))
 
     def _hold_relayed(
@@ -244,7 +247,7 @@ class HeldBoxes:
         held there, or land in scratch when the store has no room for them."""
         at = self.at
         relay_many(relayed, at.job, at.step, self.concurrency, at.save_id)
-        asked = [(r.store, r.peer, r.blob, r.src_box, self.shards[r.fetch.tensor].dtype) for r in far]
+        asked = [(r.store, r.peer, r.blob, r.src_box, self.shards[r.target].dtype) for r in far]
         try:
             made = hold_relayed_many(asked, at.job, at.step, self.concurrency, at.save_id)
         except MemoryLimitError:  # no room in this host's store: the boxes land in scratch instead
@@ -272,13 +275,13 @@ def _into_scratch(
 ) -> list[tuple[StoreClient, str, int, str, Box, np.ndarray]]:
     """Direct reads from the peers of boxes meant to be relayed, each into a scratch buffer of its own
     (added to `apart`, which the write copies into the targets)."""
-    dtype = {n: np.dtype(NUMPY_DTYPE[shards[n].dtype]) for n in {r.fetch.tensor for r in relayed}}
-    arena = Arena(Arena.size_of([r.fetch.box.volume * dtype[r.fetch.tensor].itemsize for r in relayed]))
+    dtype = {n: np.dtype(NUMPY_DTYPE[shards[n].dtype]) for n in {r.target for r in relayed}}
+    arena = Arena(Arena.size_of([r.fetch.box.volume * dtype[r.target].itemsize for r in relayed]))
     reads = []
     for r in relayed:
-        f, dt = r.fetch, dtype[r.fetch.tensor]
+        f, dt, shard = r.fetch, dtype[r.target], shards[r.target]
         out = arena.take(f.box.volume * dt.itemsize).view(dt).reshape(f.box.shape)
-        apart.append((shards[f.tensor].local[f.box.relative_to(shards[f.tensor].box).slices()], out))
+        apart.append((shard.local[f.box.relative_to(shard.box).slices()], out))
         assert r.peer is not None
         reads.append((client(r.peer), at.job, at.step, r.blob, r.src_box, out))
     return reads

@@ -143,11 +143,16 @@ def merged_values(layouts: list[RankShards]) -> dict[str, Any]:
     return out
 
 
+def check_devices(devices: list[str]) -> None:
+    """Every rank's device id is its own (the plan keeps in place what a device held before)."""
+    if len(set(devices)) != len(devices):
+        raise StateError(f"two ranks claim the same device id: {devices} (set TENPLEX_DEVICE)")
+
+
 def build_ptc(layouts: list[RankShards], values: dict | None = None) -> PTC:
     """One PTC over a 1-D mesh of ranks; every tensor's pieces are the distinct boxes and their holders."""
     devices = [lay.device for lay in layouts]
-    if len(set(devices)) != len(devices):
-        raise StateError(f"two ranks claim the same device id: {devices}")
+    check_devices(devices)
     mesh = Mesh((("rank", len(layouts)),), tuple(devices), tuple(lay.store for lay in layouts))
     kinds: dict[str, tuple[tuple[int, ...], str]] = {}
     holders: dict[str, dict[Span, list[int]]] = {}  # tensor -> box -> its holders, in rank order

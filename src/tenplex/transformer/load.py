@@ -206,11 +206,10 @@ def _read(snap: Snapshot, p: Plan, fetches: list[Fetch], target: _Target, run: _
 def _after_failure(failed: Failed, snap: Snapshot, run: _Load) -> LoadInfo | None:
     """Nothing was written; every rank takes the same way out: raise (a bug, not the stores' fault), the
     durable tier (this step was asked for), or the snapshot before this one (None)."""
-    r, why = failed.first.rank, failed.first.why
-    error = failed.mine or StateError(f"rank {r} could not load the snapshot: {why}")
+    error = failed.raised("load the snapshot")
     if not failed.stores_only:  # no fallback hides a bug
         raise error
-    reason = f"reading the snapshot failed on rank {r}: {why}"
+    reason = f"reading the snapshot failed on rank {failed.first.rank}: {failed.first.why}"
     if run.step is not None:  # the caller asked for this step: no other one is the answer
         return run.fallback(reason, error)
     run.skip(snap.step, reason, error)

@@ -43,9 +43,15 @@ class LocalShard:
         return self.shape, self.dtype, (self.box.start, self.box.stop)
 
 
+def stored_dtype(name: str, dtype: torch.dtype) -> str:
+    """The PTC's name of a tensor's dtype; the one error for a dtype the stores cannot hold."""
+    if dtype not in DTYPES:
+        raise StateError(f"tensor {name!r} has dtype {dtype}, which tenplex cannot store")
+    return DTYPES[dtype]
+
+
 def local_shard(name: str, tensor: torch.Tensor) -> LocalShard:
-    if tensor.dtype not in DTYPES:
-        raise StateError(f"tensor {name!r} has dtype {tensor.dtype}, which tenplex cannot store")
+    dtype = stored_dtype(name, tensor.dtype)
     if isinstance(tensor, DTensor):
         placements = tensor.placements
         if any(isinstance(p, Partial) for p in placements):
@@ -65,7 +71,7 @@ def local_shard(name: str, tensor: torch.Tensor) -> LocalShard:
     else:
         local, shape = tensor, tuple(tensor.shape)
         box = Box.full(shape)
-    return LocalShard(name, shape, DTYPES[tensor.dtype], box, local)
+    return LocalShard(name, shape, dtype, box, local)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -1,0 +1,28 @@
+"""Megatron-core's GPTModel state, from its own `sharded_state_dict()`, resharded by tenplex across TP and
+PP on 2 real gloo ranks: bit for bit against the source and against Megatron's own `dist_checkpointing`."""
+
+from __future__ import annotations
+
+import pytest
+
+from launch import run_ranks
+
+pytest.importorskip("megatron.core", reason="the megatron extra is not installed")
+
+pytestmark = pytest.mark.dist
+
+
+def test_tp2_state_loads_at_tp1_and_pp2_and_back_bit_for_bit(store, tmp_path):
+    out = run_ranks("megatron_cases", 2, env={"TENPLEX_STORE": store.url, "TENPLEX_TEST_DIR": str(tmp_path)},
+                    timeout=240)  # fmt: skip
+    for r in out:
+        assert "error" not in r, r.get("error")
+        assert r["bad"] == [], r["bad"]
+        assert set(r["unlike"].values()) == {0}, r["unlike"]  # every target tensor was unlike the source's
+    names = out[0]["names"]
+    assert "decoder.layers.self_attention.linear_qkv.weight[1]" in names and len(names) == 29, names
+    refused = out[0]["refusals"]
+    assert refused["object"].startswith("MegatronLayoutError") and "is an object (dict)" in refused["object"]
+    assert refused["offset"].startswith("MegatronLayoutError") and "offset" in refused["offset"]
+    assert refused["shape"].startswith("ShapeMismatchError"), refused
+    assert refused["unknown key"].startswith("KeyMismatchError") and "[2]" in refused["unknown key"], refused

@@ -56,32 +56,9 @@ def init_parallel(tp: int, pp: int = 1) -> None:
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
 
 
-def tiny_gpt(tp: int, pp: int = 1, seed: int = 0, *, hidden: int = 32, layers: int = 2, vocab: int = 128):
-    """A GPTModel with the local (no Transformer Engine) layer spec, fp32, initialized on the CPU (the
-    full master weights from the CPU generator, then cut: the same values in every layout for a seed).
-    This rank's pipeline stage only; call `init_parallel(tp, pp)` first."""
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.transformer import TransformerConfig
+def tiny_gpt(tp: int, pp: int = 1, seed: int = 0, **size: int):
+    """`tenplex.integrations.megatron_train.tiny_gpt` seeded on the CPU: the same values in every layout."""
+    from tenplex.integrations.megatron_train import tiny_gpt as build
 
     seed_all(seed)
-    config = TransformerConfig(
-        num_layers=layers,
-        hidden_size=hidden,
-        num_attention_heads=4,
-        tensor_model_parallel_size=tp,
-        pipeline_model_parallel_size=pp,
-        use_cpu_initialization=True,
-        params_dtype=torch.float32,
-        pipeline_dtype=torch.float32,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-    )
-    return GPTModel(
-        config,
-        get_gpt_layer_local_spec(),
-        vocab_size=vocab,
-        max_sequence_length=16,
-        pre_process=parallel_state.is_pipeline_first_stage(),
-        post_process=parallel_state.is_pipeline_last_stage(),
-    )
+    return build(tp, pp, **size)

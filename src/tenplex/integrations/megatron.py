@@ -39,21 +39,25 @@ def model_state(model: Any, group: Any = None) -> dict[str, torch.Tensor]:
     """The state of a Megatron-core module (or of a sharded state dict it made) for `tenplex.save` and
     `tenplex.load`: tensor name -> a DTensor over `group` (default: Megatron's tensor-parallel group) or a
     plain tensor, sharing the module's storage."""
+    return as_tensors(sharded_tensors(model), group)
+
+
+def sharded_tensors(model: Any) -> dict[str, ShardedTensor]:
+    """The module's ShardedTensors by tenplex name (`slice_name`); `None` objects left out, anything
+    tenplex cannot hold refused."""
     sharded = model.sharded_state_dict() if hasattr(model, "sharded_state_dict") else model
-    group = group if group is not None else parallel_state.get_tensor_model_parallel_group()
-    meshes: dict[str, DeviceMesh] = {}
-    out: dict[str, torch.Tensor] = {}
+    out: dict[str, ShardedTensor] = {}
     for where, item in _items(sharded):
         if isinstance(item, ShardedObject):
             if item.data is not None:
                 raise MegatronLayoutError(
-                    f"{where} ({item.key}) is an object ({type(item.data).__name__}); tenplex holds tensors "
+                    f"{item.key} ({where}) is an object ({type(item.data).__name__}); tenplex holds tensors "
                     "and plain values"
                 )
             continue
         if isinstance(item, ShardedTensorFactory):
             raise MegatronLayoutError(
-                f"{where} ({item.key}) is a ShardedTensorFactory: its tensors are built at save time; "
+                f"{item.key} ({where}) is a ShardedTensorFactory: its tensors are built at save time; "
                 "build the model without it (e.g. no gated linear unit in a fused fc1)"
             )
         if not isinstance(item, ShardedTensor):
@@ -61,9 +65,19 @@ def model_state(model: Any, group: Any = None) -> dict[str, torch.Tensor]:
         name = slice_name(item)
         if name in out:
             raise MegatronLayoutError(f"{name} is held twice by this rank ({where})")
-        device = item.data.device.type
+        out[name] = item
+    return out
+
+
+def as_tensors(sharded: dict[str, ShardedTensor], group: Any = None) -> dict[str, torch.Tensor]:
+    """`as_tensor` of each, named by the keys of `sharded`, over `group` (default: Megatron's TP group)."""
+    group = group if group is not None else parallel_state.get_tensor_model_parallel_group()
+    meshes: dict[str, DeviceMesh] = {}
+    out = {}
+    for name, st in sharded.items():
+        device = st.data.device.type
         mesh = meshes.get(device) or meshes.setdefault(device, DeviceMesh.from_group(group, device))
-        out[name] = as_tensor(item, mesh)
+        out[name] = as_tensor(st, mesh)
     return out
 
 

@@ -8,6 +8,7 @@ tp 1) and at (pp 2) by both, bit for bit against each other and against the sour
 from __future__ import annotations
 
 import os
+import time
 import traceback
 
 import torch
@@ -50,6 +51,14 @@ def scribbled(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return state
 
 
+def timed(fn, *args, **kwargs) -> float:
+    dist.barrier()
+    start = time.perf_counter()
+    fn(*args, **kwargs)
+    dist.barrier()
+    return time.perf_counter() - start
+
+
 def megatron_load(tp: int, pp: int, path: str, seed: int) -> dict[str, torch.Tensor]:
     """A fresh model of the layout filled by Megatron's own `dist_checkpointing.load`."""
     model = mc.tiny_gpt(tp, pp, seed)
@@ -63,21 +72,28 @@ def reshard(path: str) -> dict:
     mc.init_parallel(tp=2)
     source = model_state(mc.tiny_gpt(2, 1, seed=0))
     want = full(source)
-    tenplex.save({"model": source, "step": 1}, JOB, 1)
-    dist_checkpointing.save(mc.tiny_gpt(2, 1, seed=0).sharded_state_dict(), path)
+    seconds = {"tenplex save": timed(tenplex.save, {"model": source, "step": 1}, JOB, 1)}
+    seconds["megatron save"] = timed(
+        dist_checkpointing.save, mc.tiny_gpt(2, 1, seed=0).sharded_state_dict(), path
+    )
     for tp, pp in ((1, 1), (1, 2)):
         mc.init_parallel(tp=tp, pp=pp)
         target = scribbled(model_state(mc.tiny_gpt(tp, pp, seed=1)))
         unlike[f"tp{tp} pp{pp}"] = len(differ(target, want, "before the load")) - len(target)
-        tenplex.load({"model": target, "step": 0}, JOB, step=1)
+        seconds[f"tenplex load tp{tp} pp{pp}"] = timed(
+            tenplex.load, {"model": target, "step": 0}, JOB, step=1
+        )
         bad += differ(target, want, f"tenplex tp2 -> tp{tp} pp{pp}")
-        bad += differ(megatron_load(tp, pp, path, seed=2), full(target), f"dist_checkpointing tp{tp} pp{pp}")
+        start = time.perf_counter()
+        theirs = megatron_load(tp, pp, path, seed=2)
+        seconds[f"megatron load tp{tp} pp{pp} (with a model build)"] = time.perf_counter() - start
+        bad += differ(theirs, full(target), f"dist_checkpointing tp{tp} pp{pp}")
     tenplex.save({"model": target, "step": 2}, JOB, 2)  # the (pp 2) state
     mc.init_parallel(tp=2)
     back = scribbled(model_state(mc.tiny_gpt(2, 1, seed=3)))
     tenplex.load({"model": back, "step": 0}, JOB, step=2)
     bad += differ(back, want, "tenplex pp2 -> tp2")
-    return {"bad": bad, "names": sorted(want), "unlike": unlike}
+    return {"bad": bad, "names": sorted(want), "unlike": unlike, "seconds": seconds}
 
 
 def load_into(model) -> None:

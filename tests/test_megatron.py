@@ -19,6 +19,7 @@ def test_tp2_state_loads_at_tp1_and_pp2_and_back_bit_for_bit(store, tmp_path):
         assert "error" not in r, r.get("error")
         assert r["bad"] == [], r["bad"]
         assert set(r["unlike"].values()) == {0}, r["unlike"]  # every target tensor was unlike the source's
+    print("seconds (rank 0):", out[0]["seconds"])  # tiny state: per-call overheads, not bandwidth
     names = out[0]["names"]
     assert "decoder.layers.self_attention.linear_qkv.weight[1]" in names and len(names) == 29, names
     refused = out[0]["refusals"]

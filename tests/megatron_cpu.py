@@ -7,11 +7,13 @@ on a GPU, Megatron runs as it is). `on_cpu()` applies them all, once per process
 from __future__ import annotations
 
 import operator
+import types
 from functools import reduce
 
 import torch
 from megatron.core import parallel_state
 from megatron.core import utils as mcore_utils
+from megatron.core.pipeline_parallel import schedules
 from megatron.core.tensor_parallel import random as mcore_random
 
 
@@ -45,9 +47,28 @@ def seed_all(value: int) -> None:
     torch.manual_seed(value)
 
 
+class _CpuZeros(types.ModuleType):
+    """torch, with `zeros(..., device="cuda")` made on the CPU."""
+
+    def __getattr__(self, name: str):
+        return getattr(torch, name)
+
+    @staticmethod
+    def zeros(*size, device=None, **kwargs) -> torch.Tensor:
+        return torch.zeros(*size, device="cpu" if device == "cuda" else device, **kwargs)
+
+
+def cpu_schedules() -> None:
+    """The pipeline schedules count tokens in `torch.zeros([], device="cuda")`: their module sees a torch
+    whose `zeros` makes that on the CPU. (The p2p module allocates on `torch.cuda.current_device()` and
+    calls `torch.cuda.synchronize()`: `cuda_sync_stubs` covers it.)"""
+    schedules.torch = _CpuZeros("torch")
+
+
 def on_cpu() -> None:
     cpu_memory_buffer()
     cuda_sync_stubs()
+    cpu_schedules()
 
 
 def init_parallel(tp: int, pp: int = 1) -> None:

@@ -7,8 +7,8 @@ under tenplex: the tensor-, pipeline- and data-parallel sizes change at run time
 parallel. Every step runs Megatron's own forward-backward schedule over 2 micro-batches.
 The model's state comes from its own `sharded_state_dict()` (`tenplex.integrations.megatron`), the AdamW
 moments take their parameters' layouts. Megatron's own DDP wrapper and optimizer allocate on CUDA, so the
-script sums the gradients over the data-parallel group itself and steps a `torch.optim.AdamW`. On a
-machine without CUDA it applies the tests' stand-ins for Megatron's CUDA-only spots (tests/megatron_cpu.py).
+script sums the gradients over the data-parallel group itself and steps a `torch.optim.AdamW`. The model
+trains on the CPU (gloo), with the tests' stand-ins for Megatron's CUDA-only spots (tests/megatron_cpu.py).
 Needs `pip install tenplex[megatron]` (see docs/integrations.md).
 """
 
@@ -24,25 +24,14 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
-from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
 import tenplex
 from tenplex.data import ElasticSampler, TokenWindows, build_corpus
 from tenplex.integrations import layout_for
 from tenplex.integrations.megatron_train import MegatronState, tiny_gpt
 
-if not torch.cuda.is_available():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    import megatron_cpu  # the CPU stand-ins, each with its reason
-
-
-def seed(value: int) -> None:
-    if torch.cuda.is_available():
-        model_parallel_cuda_manual_seed(value)
-        torch.manual_seed(value)
-    else:
-        megatron_cpu.on_cpu()
-        megatron_cpu.seed_all(value)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import megatron_cpu  # the stand-ins for Megatron's CUDA-only spots, each with its reason
 
 
 def layout(world: int, tp_table: str, pp_table: str) -> tuple[int, int, int]:
@@ -101,7 +90,8 @@ def main() -> None:
 
     dp, tp, pp = layout(job.world, args.tp, args.pp)
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
-    seed(0)
+    megatron_cpu.on_cpu()
+    megatron_cpu.seed_all(0)
     model = tiny_gpt(tp, pp, hidden=64, heads=4, layers=2, vocab=256, seq=args.seq)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     state = MegatronState(model, opt, sampler=sampler)

@@ -1,7 +1,7 @@
-"""What megatron-core 0.16.1 needs to run on a CPU-only machine with gloo, for the tests only.
+"""What megatron-core 0.16.1 needs to run on the CPU with gloo: for the tests and examples/megatron_gpt.py.
 
 Each patch names the CUDA-only spot it avoids; none of this is in `src/` (tenplex itself needs none of it:
-on a GPU, Megatron runs as it is). `on_cpu()` applies them all, once per process.
+a model on GPUs runs Megatron as it is). `on_cpu()` applies them all.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import megatron_cpu as mc
 import tenplex
 from launch import write_result
 from tenplex.integrations.megatron import model_state
+from tenplex.integrations.megatron_train import MegatronState
 from tenplex.ptc import TenplexError
 
 JOB = "megatron-test"
@@ -96,6 +97,30 @@ def reshard(path: str) -> dict:
     return {"bad": bad, "names": sorted(want), "unlike": unlike, "seconds": seconds}
 
 
+def trained(tp: int, seed: int) -> MegatronState:
+    """A tiny model after one AdamW step (so that the moments are not zero), as the job's state."""
+    model = mc.tiny_gpt(tp, 1, seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    batch = torch.randint(0, 128, (2, 17), generator=torch.Generator().manual_seed(seed))
+    mask = torch.triu(torch.ones(16, 16, dtype=torch.bool), diagonal=1).view(1, 1, 16, 16)
+    model(batch[:, :-1], torch.arange(16).unsqueeze(0), mask, labels=batch[:, 1:]).mean().backward()
+    opt.step()
+    return MegatronState(model, opt)
+
+
+def optimizer_moves() -> list[str]:
+    """MegatronState (model + AdamW moments and steps) saved at (tp 2), loaded at (dp 2, tp 1) into a
+    model after another step: bit for bit."""
+    mc.init_parallel(tp=2)
+    source = trained(2, seed=0)()
+    want = {k: full(source[k]) for k in ("model", "optim")}
+    tenplex.save(source, JOB + "-optim", 1)
+    mc.init_parallel(tp=1)
+    target = trained(1, seed=1)()
+    tenplex.load(target, JOB + "-optim")
+    return [b for k in ("model", "optim") for b in differ(target[k], want[k], f"{k} tp2 -> tp1")]
+
+
 def load_into(model) -> None:
     tenplex.load({"model": model_state(model), "step": 0}, JOB, step=1)
 
@@ -130,6 +155,7 @@ def main() -> None:
     try:
         result = reshard(os.environ["TENPLEX_TEST_DIR"])
         result["refusals"] = refusals()
+        result["optimizer_bad"] = optimizer_moves()
     except Exception:
         result = {"error": traceback.format_exc()}
     write_result(result)

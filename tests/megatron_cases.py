@@ -21,6 +21,7 @@ import megatron_cpu as mc
 import tenplex
 from launch import write_result
 from tenplex.integrations.megatron import model_state
+from tenplex.integrations.megatron_checkpoint import export_torch_dist, import_torch_dist
 from tenplex.integrations.megatron_train import MegatronState
 from tenplex.ptc import TenplexError
 
@@ -121,6 +122,18 @@ def optimizer_moves() -> list[str]:
     return [b for k in ("model", "optim") for b in differ(target[k], want[k], f"{k} tp2 -> tp1")]
 
 
+def checkpoint_round_trip(root: str) -> list[str]:
+    """The (tp 2) torch_dist checkpoint imported at (dp 2, tp 1), exported at (pp 2), read by Megatron at
+    (tp 2): the source's tensors bit for bit."""
+    mc.init_parallel(tp=1)
+    import_torch_dist(mc.tiny_gpt(1, 1, seed=5), f"{root}/tp2", JOB + "-import", 1)
+    mc.init_parallel(tp=1, pp=2)
+    export_torch_dist(mc.tiny_gpt(1, 2, seed=6), JOB + "-import", f"{root}/exported")
+    mc.init_parallel(tp=2)
+    want = full(model_state(mc.tiny_gpt(2, 1, seed=0)))
+    return differ(megatron_load(2, 1, f"{root}/exported", seed=7), want, "import tp1, export pp2, load tp2")
+
+
 def load_into(model) -> None:
     tenplex.load({"model": model_state(model), "step": 0}, JOB, step=1)
 
@@ -153,9 +166,12 @@ def main() -> None:
     dist.init_process_group("gloo")
     mc.on_cpu()
     try:
-        result = reshard(os.environ["TENPLEX_TEST_DIR"])
+        root = os.environ["TENPLEX_TEST_DIR"]
+        os.makedirs(f"{root}/tp2", exist_ok=True)
+        result = reshard(f"{root}/tp2")
         result["refusals"] = refusals()
         result["optimizer_bad"] = optimizer_moves()
+        result["checkpoint_bad"] = checkpoint_round_trip(root)
     except Exception:
         result = {"error": traceback.format_exc()}
     write_result(result)

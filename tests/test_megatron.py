@@ -12,13 +12,14 @@ pytest.importorskip("megatron.core", reason="the megatron extra is not installed
 pytestmark = pytest.mark.dist
 
 
-def test_tp2_state_and_moments_load_at_tp1_and_pp2_and_back_bit_for_bit(store, tmp_path):
+def test_state_moments_and_torch_dist_checkpoints_reshard_bit_for_bit(store, tmp_path):
     out = run_ranks("megatron_cases", 2, env={"TENPLEX_STORE": store.url, "TENPLEX_TEST_DIR": str(tmp_path)},
                     timeout=240)  # fmt: skip
     for r in out:
         assert "error" not in r, r.get("error")
         assert r["bad"] == [], r["bad"]
         assert r["optimizer_bad"] == [], r["optimizer_bad"]
+        assert r["checkpoint_bad"] == [], r["checkpoint_bad"]
         assert set(r["unlike"].values()) == {0}, r["unlike"]  # every target tensor was unlike the source's
     print("seconds (rank 0):", out[0]["seconds"])  # tiny state: per-call overheads, not bandwidth
     names = out[0]["names"]

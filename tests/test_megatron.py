@@ -1,5 +1,6 @@
 """Megatron-core's GPTModel state, from its own `sharded_state_dict()`, resharded by tenplex across TP and
-PP on 2 real gloo ranks: bit for bit against the source and against Megatron's own `dist_checkpointing`."""
+PP on 2 real gloo ranks: bit for bit against the source and against Megatron's own `dist_checkpointing`;
+AdamW moments across a TP change; torch_dist checkpoints imported and exported; what is refused."""
 
 from __future__ import annotations
 

@@ -7,7 +7,20 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
+from tenplex.runtime.channel import Channel
 from tenplex.runtime.standby import StandbyPool
+from tenplex.util import free_port
+
+
+@pytest.fixture(scope="module")
+def channel() -> Channel:
+    """The runtime's store, as a controller serves it: exit codes come back through it."""
+    c = Channel("127.0.0.1", free_port())
+    c.serve()
+    return c
+
 
 SCRIPT = """
 import os, sys
@@ -16,10 +29,10 @@ sys.exit(int(os.environ["CODE"]))
 """
 
 
-def test_a_script_role_runs_pre_imported_with_its_env_args_and_exit_code(tmp_path):
+def test_a_script_role_runs_pre_imported_with_its_env_args_and_exit_code(tmp_path, channel):
     script = tmp_path / "s.py"
     script.write_text(SCRIPT)
-    pool = StandbyPool(tmp_path / "standby.log", dict(os.environ, OMP_NUM_THREADS="1"))
+    pool = StandbyPool(tmp_path / "standby.log", dict(os.environ, OMP_NUM_THREADS="1"), channel)
     try:
         pool.fill(2)
         first = pool.idle[0].pid
@@ -37,8 +50,8 @@ def test_a_script_role_runs_pre_imported_with_its_env_args_and_exit_code(tmp_pat
     assert pool.idle == []
 
 
-def test_closing_the_pool_stops_idle_processes(tmp_path):
-    pool = StandbyPool(tmp_path / "standby.log", dict(os.environ))
+def test_closing_the_pool_stops_idle_processes(tmp_path, channel):
+    pool = StandbyPool(tmp_path / "standby.log", dict(os.environ), channel)
     pool.fill(2)
     procs = list(pool.idle)
     pool.close()
@@ -56,9 +69,13 @@ def test_a_standby_process_dies_with_the_controller(tmp_path):
     parent = (
         "import os, sys\n"
         "from pathlib import Path\n"
+        "from tenplex.runtime.channel import Channel\n"
         "from tenplex.runtime.standby import StandbyPool\n"
+        "from tenplex.util import free_port\n"
+        "channel = Channel('127.0.0.1', free_port())\n"
+        "channel.serve()\n"
         f"log = Path({str(tmp_path / 'standby.log')!r})\n"
-        "pool = StandbyPool(log, dict(os.environ), die_with_parent=True)\n"
+        "pool = StandbyPool(log, dict(os.environ), channel, die_with_parent=True)\n"
         "pool.fill(1)\n"
         "print(pool.idle[0].pid, flush=True)\n"
         "os._exit(0)\n"  # no close(): only the death signal can end the child
@@ -79,13 +96,13 @@ def _alive(pid: int) -> bool:
     return state != "Z"  # a zombie has ended (its parent, init, reaps it)
 
 
-def test_spares_are_forked_from_one_zygote_and_outlive_the_pools_close_while_they_run(tmp_path):
+def test_spares_are_forked_from_one_zygote_and_outlive_the_pools_close_while_they_run(tmp_path, channel):
     """The pool's zygote imports once; every spare is its child (a fork: a refill of four is quick), a
     rank's exit code comes back through the zygote, and closing the pool stops idle spares but lets a
     running rank finish."""
     script = tmp_path / "s.py"
     script.write_text("import time, sys; time.sleep(float(sys.argv[1])); sys.exit(int(sys.argv[2]))\n")
-    pool = StandbyPool(tmp_path / "standby.log", dict(os.environ, OMP_NUM_THREADS="1"))
+    pool = StandbyPool(tmp_path / "standby.log", dict(os.environ, OMP_NUM_THREADS="1"), channel)
     try:
         pool.fill(1)
         zygote = pool.zygote.proc.pid
@@ -129,8 +146,8 @@ def test_the_dtensor_warm_up_leaves_no_world_no_thread_and_the_rng_as_it_was(tmp
     assert out.stdout.split() == ["1", "threads"]
 
 
-def test_the_zygote_forks_with_one_thread_after_its_warm_up(tmp_path):
-    pool = StandbyPool(tmp_path / "standby.log", dict(os.environ, OMP_NUM_THREADS="1"))
+def test_the_zygote_forks_with_one_thread_after_its_warm_up(tmp_path, channel):
+    pool = StandbyPool(tmp_path / "standby.log", dict(os.environ, OMP_NUM_THREADS="1"), channel)
     try:
         pool.fill(1)
         assert _parent(pool.idle[0].pid) == pool.zygote.proc.pid  # forked: the preload is done
@@ -139,14 +156,14 @@ def test_the_zygote_forks_with_one_thread_after_its_warm_up(tmp_path):
         pool.close()
 
 
-def test_spares_that_end_together_all_get_their_exit_codes(tmp_path):
+def test_spares_that_end_together_all_get_their_exit_codes(tmp_path, channel):
     """After a failure the survivors end at once. Each spare's exit code must come back however their ends
     interleave with the zygote's reaping (a reap in a Python signal handler lost one now and then: the
     spare stayed a zombie without its code, and the controller waited for it forever)."""
     script = tmp_path / "s.py"
     script.write_text("import sys, time\nt = float(sys.argv[1])\ntime.sleep(max(0.0, t - time.time()))\n"
                       "sys.exit(int(sys.argv[2]))\n")  # fmt: skip
-    pool = StandbyPool(tmp_path / "standby.log", dict(os.environ, OMP_NUM_THREADS="1"))
+    pool = StandbyPool(tmp_path / "standby.log", dict(os.environ, OMP_NUM_THREADS="1"), channel)
     try:
         for round_ in range(12):
             pool.fill(6)
@@ -161,10 +178,10 @@ def test_spares_that_end_together_all_get_their_exit_codes(tmp_path):
         pool.close()
 
 
-def test_a_dead_zygote_ends_its_spares_and_the_next_start_forks_from_a_new_one(tmp_path):
+def test_a_dead_zygote_ends_its_spares_and_the_next_start_forks_from_a_new_one(tmp_path, channel):
     import signal
 
-    pool = StandbyPool(tmp_path / "standby.log", dict(os.environ, OMP_NUM_THREADS="1"))
+    pool = StandbyPool(tmp_path / "standby.log", dict(os.environ, OMP_NUM_THREADS="1"), channel)
     try:
         pool.fill(2)
         spares, old = list(pool.idle), pool.zygote.proc

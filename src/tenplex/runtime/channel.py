@@ -7,7 +7,10 @@ namespace hosts); a `tenplex agent` hosts one for its workers. Keys are per phas
 - `turn/N`: a phase started ahead goes ("go TIME") or never runs ("cancel"): the first word wins
   (`compare_set`), so the ranks, the controller and the old phase's rank 0 all read the same answer;
 - `next/N`: the phase started ahead after phase N, whose turn N's rank 0 gives once its final save committed;
-- `fired/N/STEP`: the failure the schedule injects at STEP hit; the ranks waiting there go on.
+- `fired/N/STEP`: the failure the schedule injects at STEP hit; the ranks waiting there go on;
+- `ended/ID`, `exit/ID`: a standby process's role ended well (it waits for the next), a spare the zygote
+  forked ended, with their exit codes (`tell`: written before the zygote reaps it, so a spare seen gone has
+  its code).
 
 Ranks wait on a key (`TCPStore.wait`) instead of polling a file, and a rank whose runtime is gone finds
 out at its next look (the connection breaks) instead of waiting forever.
@@ -24,6 +27,7 @@ from ..ptc import TenplexError
 
 CONNECT_S = 60.0  # a rank waits this long for its runtime's store to answer (it may start after the rank)
 LONG_S = 7 * 24 * 3600.0  # a rank started ahead may wait a whole phase for its turn
+TELL_S = 10.0  # an exit code that cannot be told this long after: the runtime is gone
 
 
 class ChannelError(TenplexError):
@@ -50,6 +54,16 @@ def _went(value: bytes | str) -> tuple[bool, float]:
     text = value.decode() if isinstance(value, bytes) else value
     word, _, when = text.partition(" ")
     return word == "go", float(when or 0.0)
+
+
+def tell(address: str, key: str, code: int) -> None:
+    """One exit code into the runtime's store, over a connection of its own that ends with the call: a
+    standby process or the zygote, which forks, never holds one across a fork."""
+    store = _connect(address, TELL_S)
+    try:
+        store.set(key, str(code))
+    finally:
+        del store
 
 
 class Channel:
@@ -99,6 +113,10 @@ class Channel:
     def cancel(self, phase: int) -> bool:
         """Cancel phase `phase` unless it was told to go already; whether it is cancelled."""
         return not _went(self.store.compare_set(f"turn/{phase}", "", "cancel"))[0]
+
+    def code(self, key: str) -> int | None:
+        """The exit code told under `key` (`tell`), None while there is none."""
+        return int(self.store.get(key)) if self.store.check([key]) else None
 
     def went(self, phase: int) -> bool:
         """Whether phase `phase` was told to go."""

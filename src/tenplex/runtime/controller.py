@@ -81,10 +81,10 @@ class Controller(StartsAhead):
         self.started = time.time()
         self.forced: Layout | None = None
         pool_size = min(MAX_STANDBY, max([e.devices or 0 for e in cfg.schedule] + [1]))
+        # the signals to the ranks (stop, turn, fired, exit codes): a store served once torch is imported
+        self.channel = Channel(self.hosts.control_host, free_port(self.hosts.control_host))  # (`_warm`)
         make = NamespaceLauncher if cfg.network == "netns" else Launcher
-        self.launcher = make(cfg.run_dir, self.hosts, pool_size)
-        # the signals to the ranks (stop, turn, fired): a store served once torch is imported (`_warm`)
-        self.channel = Channel(self.hosts.control_host, free_port(self.hosts.control_host))
+        self.launcher = make(cfg.run_dir, self.hosts, pool_size, self.channel)
         self.monitor = Monitor(
             self.timeline, self.live, self.hosts, self.launcher, self.channel, self._on_record
         )

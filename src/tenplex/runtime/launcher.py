@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..util import free_port, logs
 from ..util.ranks import rank_env
+from .channel import Channel
 from .hosts import EmulatedHosts, host_of
 from .phase import Phase
 from .spec import WorkerSpec
@@ -23,9 +24,10 @@ log = logs.get("runtime")
 
 
 class Launcher:
-    def __init__(self, run_dir: Path, hosts: EmulatedHosts, pool_size: int) -> None:
-        self.hosts = hosts
-        self.pool = StandbyPool(run_dir / "standby.log", dict(os.environ, OMP_NUM_THREADS="1"), True)
+    def __init__(self, run_dir: Path, hosts: EmulatedHosts, pool_size: int, channel: Channel) -> None:
+        self.hosts, self.channel = hosts, channel
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        self.pool = StandbyPool(run_dir / "standby.log", env, channel, die_with_parent=True)
         self.pool_size = pool_size
         self._spares: threading.Thread | None = None
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..store import StoreClient, StoreError
 from ..util import default_token_path, logs, read_token
+from .channel import Channel
 from .hosts import EmulatedHosts, health, host_of, started_at
 from .launcher import Launcher
 from .netns import NIC, Network, prefix_for
@@ -208,8 +209,8 @@ class NamespaceHosts(EmulatedHosts):
 class NamespaceLauncher(Launcher):
     """Ranks started inside their host: one standby pool per host, spawned in its namespace."""
 
-    def __init__(self, run_dir: Path, hosts: NamespaceHosts, pool_size: int) -> None:
-        super().__init__(run_dir, hosts, pool_size)
+    def __init__(self, run_dir: Path, hosts: NamespaceHosts, pool_size: int, channel: Channel) -> None:
+        super().__init__(run_dir, hosts, pool_size, channel)
         self.pool.close()  # the machine-wide pool is not used: a process cannot change hosts
         self.run_dir, self.nshosts = run_dir, hosts
         self.pools: dict[str, StandbyPool] = {}
@@ -220,7 +221,8 @@ class NamespaceLauncher(Launcher):
         if host not in self.pools:
             env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=NIC)
             wrap = self.nshosts.net.hosts[host].argv([])
-            self.pools[host] = StandbyPool(self.run_dir / f"standby-{host}.log", env, True, wrap=wrap)
+            log = self.run_dir / f"standby-{host}.log"
+            self.pools[host] = StandbyPool(log, env, self.channel, die_with_parent=True, wrap=wrap)
         return self.pools[host]
 
     def fill(self, starting: bool = False) -> None:

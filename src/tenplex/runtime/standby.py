@@ -4,8 +4,8 @@ process that finished a rank of one layout takes a rank of the next one. Startin
 
 A standby process is forked from its pool's zygote (`zygote`: the imports are done once per pool), then
 reads one JSON line per role on stdin: its rank's environment, where its output goes, and what to run. The
-reference worker runs in the process and, when it ends well, the process reports the exit code in the
-role's status file and waits for the next role. A user's script runs exactly as `python SCRIPT ARGS` would
+reference worker runs in the process and, when it ends well, the process tells the runtime its exit code
+(`channel.tell`) and waits for the next role. A user's script runs exactly as `python SCRIPT ARGS` would
 and the process ends with it: its modules could carry state into a next role.
 """
 
@@ -16,11 +16,13 @@ import os
 import runpy
 import sys
 import traceback
+import uuid
 from pathlib import Path
 from typing import Any
 
 from ..ptc import TenplexError
 from ..util.collector import freeze_imports
+from .channel import Channel, tell
 from .zygote import Forked, Zygote, die_with, serve_forks
 
 
@@ -30,17 +32,17 @@ class StandbyError(TenplexError):
 
 class Role:
     """One rank in a standby process; `poll`, `kill` and `wait` as for a `Popen`. The rank has ended when
-    its status file appears (the process lives on) or when the process ends."""
+    the process told its code under `key` (the process lives on) or when the process ends."""
 
-    def __init__(self, proc: Forked, status: Path | None) -> None:
-        self.proc, self.status = proc, status
+    def __init__(self, proc: Forked, key: str | None, channel: Channel) -> None:
+        self.proc, self.key, self.channel = proc, key, channel
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
         if self.returncode is None:
             code = self.proc.poll()
-            if code is None and self.status is not None and self.status.exists():
-                code = int(self.status.read_text().strip() or 1)
+            if code is None and self.key is not None:
+                code = self.channel.code(self.key)
             self.returncode = code
         return self.returncode
 
@@ -54,17 +56,23 @@ class Role:
 
     @property
     def reusable(self) -> bool:
-        return self.status is not None and self.returncode == 0 and self.proc.poll() is None
+        return self.key is not None and self.returncode == 0 and self.proc.poll() is None
 
 
 class StandbyPool:
     """Idle, pre-imported processes the controller turns into ranks, and takes back after them."""
 
     def __init__(
-        self, log: Path, env: dict[str, str], die_with_parent: bool = False, wrap: list[str] | None = None
+        self,
+        log: Path,
+        env: dict[str, str],
+        channel: Channel,
+        die_with_parent: bool = False,
+        wrap: list[str] | None = None,
     ) -> None:
         # wrap: a command prefix, e.g. `ip netns exec NS` for a namespace host
-        self.zygote = Zygote(log, env, die_with_parent, wrap or [])
+        self.channel = channel
+        self.zygote = Zygote(log, env, channel, die_with_parent, wrap or [])
         self.idle: list[Forked] = []
 
     def fill(self, n: int) -> None:
@@ -75,10 +83,9 @@ class StandbyPool:
 
     def start(self, env: dict[str, str], out: Path, script: list[str] | None) -> Role:
         """A rank: an idle process if one is left (else a new one), running the worker or `script`."""
-        status = None if script else out.with_suffix(".status")
-        if status is not None:
-            status.unlink(missing_ok=True)  # a rerun of the job reuses its phase directories
-        role = json.dumps({"env": env, "out": str(out), "script": script, "status": str(status or "")})
+        key = None if script else f"ended/{uuid.uuid4().hex}"
+        control = self.channel.address
+        role = json.dumps({"env": env, "out": str(out), "script": script, "ended": key, "control": control})
         self.idle = [p for p in self.idle if p.poll() is None]
         while True:
             fresh = not self.idle
@@ -90,7 +97,7 @@ class StandbyPool:
             assert proc.stdin is not None
             proc.stdin.write(role + "\n")  # kept open: a spare not forked yet opens it later
             proc.stdin.flush()
-            return Role(proc, status)
+            return Role(proc, key, self.channel)
 
     def release(self, role: Role) -> None:
         """Take back the process of a rank that ended well, for a rank of a later phase."""
@@ -171,9 +178,7 @@ def serve() -> int:
         previous = set(role["env"])
         if role.get("script") or code != 0:
             return code
-        tmp = Path(role["status"] + ".tmp")
-        tmp.write_text(f"{code}\n")
-        tmp.rename(role["status"])  # atomically: the controller never reads half of it
+        tell(role["control"], role["ended"], code)
     return 0  # the controller let it go
 
 

@@ -7,11 +7,12 @@ costs far less, and the imported modules' pages are shared copy-on-write. The zy
 starts no thread, so a fork copies no half-held lock.
 
 A spare is driven as a `Popen` is (`poll`, `wait`, `kill`, `stdin`), but it is the zygote's child, not the
-controller's: the zygote reaps it and writes its exit code to a file. Roles reach it through a FIFO the
-controller holds open for reading and writing, so nothing blocks while the zygote is still importing: the
-spare reads its role once it exists. Spares die with the zygote (PR_SET_PDEATHSIG), the zygote with the
-controller; a zygote told to end (its stdin closed) first waits for the ranks it forked. The zygote
-itself is `python -m tenplex.runtime.standby` (its imports, and what a spare runs, are the standby pool's).
+controller's: the zygote reaps it and tells its exit code through the runtime's store (`channel`). Roles
+reach it through a FIFO the controller holds open for reading and writing, so nothing blocks while the
+zygote is still importing: the spare reads its role once it exists. Spares die with the zygote
+(PR_SET_PDEATHSIG), the zygote with the controller; a zygote told to end (its stdin closed) first waits
+for the ranks it forked. The zygote itself is `python -m tenplex.runtime.standby` (its imports, and what a
+spare runs, are the standby pool's).
 """
 
 from __future__ import annotations
@@ -26,17 +27,20 @@ import subprocess
 import sys
 import time
 import traceback
+import uuid
 from collections.abc import Callable
 from itertools import count
 from pathlib import Path
 from typing import IO
 
+from .channel import Channel, ChannelError, tell
+
 
 class Forked:
     """A spare forked by a `Zygote`; its pid is known once the zygote answered (`Zygote.resolve`)."""
 
-    def __init__(self, zygote: Zygote, fifo: Path, exit_path: Path) -> None:
-        self.zygote, self.exit_path = zygote, exit_path
+    def __init__(self, zygote: Zygote, fifo: Path, key: str) -> None:
+        self.zygote, self.key = zygote, key
         self._pid: int | None = None
         self.returncode: int | None = None
         fd = os.open(fifo, os.O_RDWR)  # never blocks on a FIFO (Linux); the spare opens it to read
@@ -53,7 +57,7 @@ class Forked:
             if self._pid is None:
                 self.zygote.resolve(block=False)
             if self._pid is not None:
-                self.returncode = _exit_code(self.exit_path, self._pid)
+                self.returncode = _exit_code(self.zygote.channel, self.key, self._pid)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -76,28 +80,27 @@ class Forked:
         self.returncode = code
 
 
-def _exit_code(path: Path, pid: int) -> int | None:
-    """The code the zygote wrote before it reaped the spare (the file is read once, then removed); a spare
-    gone without one was reaped by init after its zygote died: killed."""
+def _exit_code(channel: Channel, key: str, pid: int) -> int | None:
+    """The code the zygote told before it reaped the spare; a spare gone without one was reaped by init
+    after its zygote died: killed."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:  # gone (ENOENT), or ended between the open and the read (ESRCH)
         state = "gone"
-    if not path.exists() and state != "gone":  # running, or a zombie whose code is being written
+    code = channel.code(key)  # asked after the look at the process: a code told before it went is seen
+    if code is None and state != "gone":  # running, or a zombie whose code is being told
         return None
-    try:
-        code = int(path.read_text().strip() or 1)
-    except FileNotFoundError:  # reaped without one: by init, after its zygote died
-        return -signal.SIGKILL
-    path.unlink(missing_ok=True)
-    return code
+    return -signal.SIGKILL if code is None else code
 
 
 class Zygote:
     """The forking process of one pool, started on the first `fork`."""
 
-    def __init__(self, log: Path, env: dict[str, str], die_with_parent: bool, wrap: list[str]) -> None:
+    def __init__(
+        self, log: Path, env: dict[str, str], channel: Channel, die_with_parent: bool, wrap: list[str]
+    ) -> None:
         self.log, self.env, self.die_with_parent, self.wrap = log, env, die_with_parent, wrap
+        self.channel = channel
         self.proc: subprocess.Popen | None = None
         self.dir = log.parent / f"{log.stem}.fifos"  # the zygote removes it when it ends
         shutil.rmtree(self.dir, ignore_errors=True)  # a killed run's
@@ -113,12 +116,13 @@ class Zygote:
             self._waiting, self._buf = [], b""
             self._start()
         n = next(self._ids)
-        fifo, exit_path = self.dir / f"spare{n}", self.dir / f"spare{n}.exit"
+        fifo, key = self.dir / f"spare{n}", f"exit/{uuid.uuid4().hex}"
         os.mkfifo(fifo, 0o600)
-        spare = Forked(self, fifo, exit_path)
+        spare = Forked(self, fifo, key)
         assert self.proc is not None and self.proc.stdin is not None
+        request = {"fifo": str(fifo), "exit": key, "control": self.channel.address}
         try:
-            self.proc.stdin.write(json.dumps({"fifo": str(fifo), "exit": str(exit_path)}).encode() + b"\n")
+            self.proc.stdin.write(json.dumps(request).encode() + b"\n")
             self.proc.stdin.flush()
         except OSError:  # the zygote died: the pool's next fill starts another
             spare.ended(-signal.SIGKILL)
@@ -171,13 +175,13 @@ class Zygote:
 
 
 # -- the zygote process --------------------------------------------------------------------------------------
-_exits: dict[int, str] = {}
+_exits: dict[int, tuple[str, str]] = {}  # spare pid -> (the runtime's store, the key of its exit code)
 REAP_EVERY_S = 1.0  # the loop also reaps this often, whatever it was told (a safety net, not the path)
 
 
 def _reap(block: bool = False) -> None:
-    """Write the exit code of each spare that ended, then reap it (with `block`: wait for them all). The
-    file comes first, so a spare the controller sees gone always has its code (a zombie is still there).
+    """Tell the exit code of each spare that ended, then reap it (with `block`: wait for them all). The
+    code comes first, so a spare the controller sees gone always has its code (a zombie is still there).
     Only the zygote's loop calls it, never a signal handler: nothing reaps a spare under it."""
     while _exits:
         try:
@@ -188,13 +192,11 @@ def _reap(block: bool = False) -> None:
             return
         pid = info.si_pid
         code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
-        path = _exits.pop(pid, None)
-        if path is not None:
+        where = _exits.pop(pid, None)
+        if where is not None:
             try:
-                with open(path + ".tmp", "w") as f:
-                    f.write(f"{code}\n")
-                os.rename(path + ".tmp", path)  # whole or not at all
-            except OSError:  # the run's directory is gone: nobody is left to ask
+                tell(*where, code)
+            except ChannelError:  # the runtime is gone: nobody is left to ask
                 pass
         try:
             os.waitpid(pid, 0)
@@ -266,7 +268,8 @@ def serve_forks(fifos: Path, run: Callable[[], int]) -> int:
             pid = os.fork()
             if pid == 0:
                 _child(request, me, wakeup, run)
-            _exits[pid] = request["exit"]  # before the loop reaps again: this loop is the only reaper
+            # before the loop reaps again: this loop is the only reaper
+            _exits[pid] = (request["control"], request["exit"])
             os.write(1, f"{pid}\n".encode())
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)

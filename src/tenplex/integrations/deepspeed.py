@@ -224,3 +224,19 @@ class DeepSpeedState:
 
 def _piece(t: torch.Tensor, f: Fragment) -> torch.Tensor:
     return piece(t.view(-1).narrow(0, f.offset, f.hp.numel()), (f.numel,), (f.start,))
+
+
+def zero_stage(world: int, table: str, default: int) -> int:
+    """The ZeRO stage for `world` ranks from a script's `--stages` table ("3:3,1:0": stage 3 on 3 ranks,
+    none on 1; any other world size runs `default`)."""
+    stages = {}
+    for entry in filter(None, table.split(",")):
+        n, _, s = entry.partition(":")
+        try:
+            stages[int(n)] = int(s)
+        except ValueError:
+            raise TenplexError(f"--stages {table!r}: expected WORLD:STAGE entries such as 3:3") from None
+    stage = stages.get(world, default)
+    if stage not in (0, 1, 2, 3):
+        raise TenplexError(f"ZeRO stage {stage}: expected 0, 1, 2 or 3")
+    return stage

@@ -3,7 +3,7 @@ a DeepSpeed engine (ZeRO stage 2 by default, another per world size with --stage
 WarmupLR, the exactly-once elastic sampler. The world size is the data-parallel size.
 
     tenplex run --script "examples/deepspeed_charlm.py --stages 3:3,1:1" \\
-        --schedule examples/deepspeed_schedule.yaml --steps 12
+        --schedule examples/deepspeed_schedule.yaml --steps 10
 
 On a machine without a GPU DeepSpeed runs on its CPU accelerator over gloo, in fp32. Alone or under
 torchrun the flags below name the job and where records go, as in elastic_charlm.py.

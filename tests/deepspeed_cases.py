@@ -25,12 +25,13 @@ from tenplex.integrations.deepspeed import DeepSpeedState, base_optimizer
 CONTEXT, GLOBAL_BATCH, STEPS = 4, 6, 3
 
 
-def build(stage: int, width: int, seed: int) -> deepspeed.DeepSpeedEngine:
+def build(stage: int, width: int, seed: int, frozen: bool = False) -> deepspeed.DeepSpeedEngine:
     """Uneven sizes on purpose: ZeRO pads its partitions, and parameters straddle partition borders."""
     torch.manual_seed(seed)
     model = nn.Sequential(
         nn.Embedding(256, 8), nn.Flatten(), nn.Linear(8 * CONTEXT, width), nn.GELU(), nn.Linear(width, 256)
     )
+    model[0].weight.requires_grad_(not frozen)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     config = {
         "train_batch_size": GLOBAL_BATCH,
@@ -114,11 +115,11 @@ def load_case(engine: deepspeed.DeepSpeedEngine, job: str, ref: str) -> dict:
 
 
 def run_case(mode: str, spec: str, job: str, ref: str) -> dict:
-    """One engine, `spec` = STAGE or STAGE/WIDTH; a TenplexError is a result (the bad-input cases)."""
-    stage, _, width = spec.partition("/")
+    """One engine, `spec` = STAGE[/WIDTH[/frozen]]; a TenplexError is a result (the bad-input cases)."""
+    stage, width, frozen = [*spec.split("/"), "", ""][:3]
     try:
         seed = 0 if mode == "save" else 1  # a fresh engine unlike the saved one: the load must do it all
-        engine = build(int(stage), int(width or 13), seed)
+        engine = build(int(stage), int(width or 13), seed, frozen == "frozen")
         result = (save_case if mode == "save" else load_case)(engine, job, ref)
         engine.destroy()
         return result

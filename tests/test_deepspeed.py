@@ -10,18 +10,20 @@ import pytest
 
 from launch import run_ranks
 from script_runs import ROOT, elastic_and_static
-from tenplex.runtime.report import losses, timeline
+from tenplex import TenplexError
 
 pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
+from tenplex.integrations.deepspeed import zero_stage
 
 pytestmark = pytest.mark.dist
 
-# measured: a step after the change sums the gradients of 1-3 ranks in another order
+# a step after the change sums the gradients of 1-3 ranks in another order: fp32 round-off
 STEP_LOSS_TOLERANCE = 1e-6
 SCRIPT = ROOT / "examples" / "deepspeed_charlm.py"
 SCHEDULE = ROOT / "examples" / "deepspeed_schedule.yaml"
+STEPS = 10
 # measured: ZeRO on 1-3 ranks reduces gradients in different orders; the losses left the static run's by
-# at most 4.8e-7 (examples/deepspeed_schedule.yaml, 12 steps)
+# at most 4.8e-7 (examples/deepspeed_schedule.yaml, twice)
 LOSS_TOLERANCE = 2e-6
 
 
@@ -55,33 +57,51 @@ def check_load(r: dict) -> None:
     assert all(x["next_loss"] == r["next_loss"] for x in r["everyone"])
 
 
-# (the stage saved under on 2 ranks, {ranks: the stages loaded in turn}): every stage and dp size 1-3
-@pytest.mark.parametrize(("saved", "loads"), [(2, {3: "2,3", 1: "2,0"}), (3, {3: "3,1", 1: "3"})])
+def check_bad_input(spec: str, r: dict) -> None:
+    """`3/14`: the first Linear 14 wide instead of 13; `2/13/frozen`: its embedding frozen."""
+    if spec.endswith("frozen"):
+        assert r.get("error") == "DeepSpeedStateError", r
+        assert "frozen parameters are not carried" in r["message"]
+    else:
+        assert r.get("error") == "ShapeMismatchError", r
+        assert "master.2." in r["message"] and "in the snapshot but" in r["message"]
+
+
+# (the stage saved under on 2 ranks, {ranks: the engines loaded in turn}): every stage and dp size 1-3,
+# and on one rank two engines the snapshot cannot load into (another model, a frozen parameter)
+@pytest.mark.parametrize(
+    ("saved", "loads"), [(2, {3: "2,3", 1: "2,0"}), (3, {3: "3,1", 1: "3,3/14,2/13/frozen"})]
+)
 def test_a_zero_snapshot_loads_bit_for_bit_into_other_dp_sizes_and_stages(store, tmp_path, saved, loads):
     (out,) = ranks(2, store, tmp_path, "save", str(saved))
     assert "error" not in out, out["message"]
-    for world, stages in loads.items():
-        for r in ranks(world, store, tmp_path, "load", stages):
-            check_load(r)
+    for world, cases in loads.items():
+        for spec, r in zip(cases.split(","), ranks(world, store, tmp_path, "load", cases)):
+            if "/" in spec:
+                check_bad_input(spec, r)
+            else:
+                check_load(r)
 
 
-def test_a_snapshot_of_another_model_is_a_clear_error(store, tmp_path):
-    (out,) = ranks(2, store, tmp_path, "save", "1")
-    assert "error" not in out, out["message"]
-    (out,) = ranks(1, store, tmp_path, "load", "3/14")  # the first Linear 14 wide instead of 13
-    assert out["error"] == "ShapeMismatchError", out
-    assert "master.2." in out["message"] and "in the snapshot but" in out["message"]
+def test_the_stage_table():
+    assert [zero_stage(w, "3:3,1:0", 2) for w in (1, 2, 3)] == [0, 2, 3]
+    for table in ("3:x", "3", "2:4"):
+        with pytest.raises(TenplexError, match=r"--stages|ZeRO stage 4"):
+            zero_stage(2, table, 2)
 
 
-def test_deepspeed_charlm_survives_scale_out_a_killed_rank_and_scale_in_changing_stage(tmp_path):
-    """ZeRO-2 on 2 ranks -> ZeRO-3 on 3 -> a killed rank (ZeRO-2 on the 2 left) -> ZeRO-1 on 1, against
-    a static run on one rank (ZeRO-1): the same losses, every sample once."""
+@pytest.mark.slow  # 100-117 s on 2 loaded cores (5 layouts' processes start DeepSpeed): over the 90 s bar
+def test_deepspeed_charlm_changes_dp_and_stage_survives_a_killed_rank(tmp_path):
+    """ZeRO-2 on 2 ranks -> ZeRO-3 on 3 -> ZeRO-2 on 2 -> a killed rank, ZeRO-1 on the one left, against a
+    static run on one rank (ZeRO-1): the same losses, every sample once; every rank that was not killed
+    ends with exit code 0: the example tears the engine and the group down itself, leaving nothing of
+    DeepSpeed's or gloo's to the interpreter's teardown, where ZeRO-3 processes were seen to abort after
+    their work was done ("terminate called without an active exception"); that is a crash to the runtime."""
     script = f"{SCRIPT} --stages 3:3,1:1"
-    recs = elastic_and_static(script, SCHEDULE, 12, tmp_path, "ds", LOSS_TOLERANCE)
+    recs = elastic_and_static(script, SCHEDULE, STEPS, tmp_path, "ds", LOSS_TOLERANCE)
     assert [len(x["devices"]) for x in recs if x["kind"] == "launch"] == [2, 3, 2, 1]
     loaded = [x for x in recs if x["kind"] == "worker" and x["event"] == "loaded"]
-    assert [x["step"] for x in loaded] == [4, 6, 9] and all(x["source"] == "memory" for x in loaded)
+    assert [x["step"] for x in loaded] == [3, 5, 6] and all(x["source"] == "memory" for x in loaded)
     layouts = [x["layout"] for x in recs if x["kind"] == "worker" and x["event"] == "ready"]
     assert layouts == ["zero2-dp2", "zero3-dp3", "zero2-dp2", "zero1-dp1"], layouts
-    elastic, static = losses(recs), losses(timeline(tmp_path / "ds-static"))
-    print("max loss difference", max(abs(elastic[k] - static[k]) for k in static))
+    assert not [x for x in recs if x["kind"] == "crash"]

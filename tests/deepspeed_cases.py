@@ -87,6 +87,8 @@ def gathered(engine: deepspeed.DeepSpeedEngine) -> dict[str, torch.Tensor]:
 def save_case(engine: deepspeed.DeepSpeedEngine, job: str, ref: str) -> dict:
     losses = [train_step(engine, s) for s in range(1, STEPS + 1)]
     tenplex.save(DeepSpeedState(engine)(), job=job, step=STEPS)
+    if os.environ.get("DS_CHECKPOINT"):  # DeepSpeed's own checkpoint of the same state, for the importer
+        engine.save_checkpoint(os.environ["DS_CHECKPOINT"], tag=f"global_step{STEPS}")
     full = gathered(engine)
     after = next_loss(engine, STEPS + 1), train_step(engine, STEPS + 1)
     if dist.get_rank() == 0:

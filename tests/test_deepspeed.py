@@ -15,6 +15,7 @@ from tenplex.runtime.report import losses, timeline
 
 pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
 from tenplex.integrations.deepspeed import zero_stage
+from tenplex.integrations.deepspeed_import import DeepSpeedCheckpointError, import_checkpoint
 
 pytestmark = pytest.mark.dist
 
@@ -38,10 +39,10 @@ def torch_extensions(tmp_path_factory):
     return os.environ["TORCH_EXTENSIONS_DIR"]
 
 
-def ranks(world: int, store, tmp_path, mode: str, cases: str) -> list[dict]:
+def ranks(world: int, store, tmp_path, mode: str, cases: str, **env: str) -> list[dict]:
     """Every case's result on rank 0 (the cases, built one after the other in one world of `world`)."""
     env = {"TENPLEX_STORE": store.url, "DS_MODE": mode, "DS_CASES": cases, "DS_JOB": tmp_path.name,
-           "DS_REF": str(tmp_path / "ref.pt")}  # fmt: skip
+           "DS_REF": str(tmp_path / "ref.pt"), **env}  # fmt: skip
     out = run_ranks("deepspeed_cases", world, env=env, timeout=300)
     return [dict(r, everyone=[x["cases"][i] for x in out]) for i, r in enumerate(out[0]["cases"])]
 
@@ -82,6 +83,24 @@ def test_a_zero_snapshot_loads_bit_for_bit_into_other_dp_sizes_and_stages(store,
                 check_bad_input(spec, r)
             else:
                 check_load(r)
+
+
+@pytest.mark.parametrize(("saved", "loads"), [(2, {3: "3", 1: "1"}), (3, {1: "2,0"})])
+def test_deepspeeds_own_checkpoint_imported_loads_bit_for_bit(store, tmp_path, saved, loads):
+    """DeepSpeed's checkpoint of ZeRO-2 or ZeRO-3 on 2 ranks, imported (converted by DeepSpeed's
+    ds_to_universal on the way), loads into other stages and dp sizes as tenplex's own snapshot does."""
+    ckpt = tmp_path / "ckpt"
+    (out,) = ranks(2, store, tmp_path, "save", str(saved), DS_CHECKPOINT=str(ckpt))
+    assert "error" not in out, out["message"]
+    job = f"{tmp_path.name}-imported"
+    assert import_checkpoint(ckpt / "global_step3", job, store=store.url) == 3
+    for world, cases in loads.items():
+        for r in ranks(world, store, tmp_path, "load", cases, DS_JOB=job):
+            check_load(r)
+    with pytest.raises(DeepSpeedCheckpointError, match="no such folder"):
+        import_checkpoint(ckpt / "global_step4", job, store=store.url)
+    with pytest.raises(DeepSpeedCheckpointError, match="name the global_stepN folder"):
+        import_checkpoint(ckpt, job, store=store.url)  # the folder above the checkpoint
 
 
 def test_the_stage_table():

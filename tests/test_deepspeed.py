@@ -5,6 +5,8 @@ and DeepSpeed's own gathered fp32 weights and Adam moments are bit for bit the s
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -93,7 +95,11 @@ def test_deepspeeds_own_checkpoint_imported_loads_bit_for_bit(store, tmp_path, s
     (out,) = ranks(2, store, tmp_path, "save", str(saved), DS_CHECKPOINT=str(ckpt))
     assert "error" not in out, out["message"]
     job = f"{tmp_path.name}-imported"
-    assert import_checkpoint(ckpt / "global_step3", job, store=store.url) == 3
+    if saved == 2:
+        assert import_checkpoint(ckpt / "global_step3", job, store=store.url) == 3
+    else:  # the command line
+        r = tenplex_cli("import", "deepspeed", str(ckpt / "global_step3"), "--job", job, "--store", store.url)
+        assert r.returncode == 0 and f"as job {job} step 3" in r.stdout, r.stdout + r.stderr
     for world, cases in loads.items():
         for r in ranks(world, store, tmp_path, "load", cases, DS_JOB=job):
             check_load(r)
@@ -101,6 +107,18 @@ def test_deepspeeds_own_checkpoint_imported_loads_bit_for_bit(store, tmp_path, s
         import_checkpoint(ckpt / "global_step4", job, store=store.url)
     with pytest.raises(DeepSpeedCheckpointError, match="name the global_stepN folder"):
         import_checkpoint(ckpt, job, store=store.url)  # the folder above the checkpoint
+
+
+def tenplex_cli(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    cmd = [sys.executable, "-m", "tenplex.cli.main", *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_importing_what_is_no_checkpoint_says_so_in_one_line(tmp_path):
+    r = tenplex_cli("import", "deepspeed", str(tmp_path), "--job", "j")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "name the global_stepN folder" in r.stderr
 
 
 def test_the_stage_table():

@@ -24,6 +24,7 @@ COMMANDS = (
     "run_cmd",
     "agent_cmd",
     "deploy_cmd",
+    "import_cmd",
 )
 
 

@@ -50,6 +50,17 @@ def stored_dtype(name: str, dtype: torch.dtype) -> str:
     return DTYPES[dtype]
 
 
+PIECE = "_tenplex_piece"  # the attribute `piece` tags a tensor with: (global shape, start)
+
+
+def piece(local: torch.Tensor, shape: tuple[int, ...], start: tuple[int, ...]) -> torch.Tensor:
+    """`local` as the box of a larger tensor (global `shape`) that begins at `start`: for layouts no DTensor
+    placement describes, such as a ZeRO flat partition's range of one flattened parameter. Returns `local`
+    itself, tagged; save and load treat it as that box (load writes into it in place)."""
+    setattr(local, PIECE, (tuple(shape), tuple(start)))
+    return local
+
+
 def local_shard(name: str, tensor: torch.Tensor) -> LocalShard:
     dtype = stored_dtype(name, tensor.dtype)
     if isinstance(tensor, DTensor):
@@ -68,6 +79,14 @@ def local_shard(name: str, tensor: torch.Tensor) -> LocalShard:
             box = Box(tuple(min(a, g) for a, g in zip(start, shape)), stop)
         if box.shape != tuple(local.shape):
             raise StateError(f"tensor {name!r}: local shape {list(local.shape)} does not match box {box}")
+    elif hasattr(tensor, PIECE):
+        local, (shape, start) = tensor, getattr(tensor, PIECE)
+        stop = tuple(a + n for a, n in zip(start, local.shape))
+        inside = all(a >= 0 and b <= g for a, b, g in zip(start, stop, shape))
+        if not (len(start) == len(shape) == local.dim() and inside):
+            raise StateError(f"tensor {name!r}: a piece at {list(start)} of shape {list(local.shape)} is not "
+                             f"inside its global shape {list(shape)}")  # fmt: skip
+        box = Box(start, stop)
     else:
         local, shape = tensor, tuple(tensor.shape)
         box = Box.full(shape)

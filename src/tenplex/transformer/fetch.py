@@ -12,7 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 import numpy as np
@@ -99,6 +99,7 @@ def routes(
         for r in piece.holders
     }
     itemsize = {n: old.tensors[n].itemsize for n in {f.tensor for f in fetches}}
+    peer = cache(client)  # one lookup per store, not per box
     out = []
     for f in fetches:
         src_box = f.box.relative_to(sources[(f.tensor, f.src)])
@@ -110,7 +111,7 @@ def routes(
         elif (f.tensor, f.box, f.src) in shared and f.box.volume * itemsize[f.tensor] >= RELAY_MIN_BYTES:
             out.append(Read(f, src_box, own, src_url))  # into this host's store: fetched once, held there
         else:
-            out.append(Read(f, src_box, client(src_url)))
+            out.append(Read(f, src_box, peer(src_url)))
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import signal
 import time
 
@@ -177,23 +178,34 @@ def test_a_store_dying_mid_load_leaves_the_targets_or_falls_back(tmp_path, monke
             monkeypatch.setattr(fetch, "read_many", real)
 
 
-def test_boxes_from_another_host_go_through_this_hosts_store_or_scratch_when_it_is_full(monkeypatch):
-    """A box of another host's store, for a CPU target, is fetched into this host's store and held there
-    (memory the store has taken already, not fresh scratch); when this host's store has no room for it,
-    the load reads it into scratch instead of failing. Either way the bytes arrive whole, checked, and the
-    relay copies are gone afterwards."""
+def test_boxes_from_another_host_are_read_directly_or_relayed_or_scratched(monkeypatch):
+    """A box of another host's store that one rank alone needs is read straight from that store (no hop
+    through this host's store); one that other ranks of this host need too (emulated: every remote box
+    counted as shared) is fetched into this host's store and held there, or read into scratch when that
+    store has no room for it. Every way the bytes arrive whole, checked, and no relay copy is left."""
     import tenplex.transformer.fetch as fetch
 
-    real, scratched = fetch._into_scratch, []
+    load_module = importlib.import_module("tenplex.transformer.load")  # the package's `load` is the function
 
-    def spy(*args, **kwargs):
+    real_scratch, real_hold, scratched, held = fetch._into_scratch, fetch.hold_relayed_many, [], []
+
+    def scratch_spy(*args, **kwargs):
         scratched.append(len(args[0]))
-        return real(*args, **kwargs)
+        return real_scratch(*args, **kwargs)
 
-    monkeypatch.setattr(fetch, "_into_scratch", spy)
+    def hold_spy(requests, *args, **kwargs):
+        held.append(len(requests))
+        return real_hold(requests, *args, **kwargs)
+
+    monkeypatch.setattr(fetch, "_into_scratch", scratch_spy)
+    monkeypatch.setattr(fetch, "hold_relayed_many", hold_spy)
     source = _state()
-    for limit, expect_scratch in (("64MiB", False), ("1MiB", True)):
+    alone, every = fetch.shared_remote_boxes, lambda p, host: {(f.tensor, f.box, f.src) for f in p.fetches()}
+    ways = ((False, "64MiB", "direct"), (True, "64MiB", "held"), (True, "1MiB", "scratch"))
+    for shared, limit, expect in ways:
         scratched.clear()
+        held.clear()
+        monkeypatch.setattr(load_module, "shared_remote_boxes", every if shared else alone)
         with start_store() as old, start_store(memory_limit=limit) as own:
             monkeypatch.setenv("TENPLEX_EMULATED_HOSTS", "1")
             monkeypatch.setenv("TENPLEX_STORE", own.url)
@@ -202,7 +214,9 @@ def test_boxes_from_another_host_go_through_this_hosts_store_or_scratch_when_it_
             info = tenplex.load(target, job="far", store=own.url, sources=[old.url])
             assert torch.equal(target["a"], source["a"]) and torch.equal(target["b"], source["b"])
             assert target["step"] == 7 and info.bytes["cross_host"] == 4 * 5 * 300_000, info.bytes
-            assert bool(scratched) == expect_scratch, (limit, scratched)
+            got = "scratch" if scratched else "held" if held else "direct"
+            assert got == expect, (shared, limit, scratched, held)
+            assert ("network_reads" in info.phases) == (expect == "direct"), info.phases
             # the lowest rank drops the relay cache without waiting for the answer: it goes at once
             deadline = time.monotonic() + 10
             while own.client().stats()["relay_blobs"] and time.monotonic() < deadline:

@@ -214,7 +214,7 @@ class StoreReader(StorageReader):
         if part.remap:  # the lost stores' ranks are served by their replicas
             snap = Snapshot(snap.step, snap.manifest, remap=part.remap)
         old = with_bytes(snap.view, self.storage)
-        return routes(part.fetches, items.shards, old, self.url, central=False, shared=part.shared,
+        return routes(part.fetches, old, self.url, central=False, shared=part.shared,
                       target_of=lambda f: key(f.tensor, f.box))  # fmt: skip
 
     @classmethod

@@ -1,7 +1,9 @@
 """The executor: one rank's part of a plan as typed reads, held or staged, then written into the targets.
 
-Boxes on this host come through shared memory; boxes of other hosts come through this host's store, which
-fetches each remote box once and serves it to every local rank that needs it (the planner's lower bound).
+Boxes on this host come through shared memory. A box of another host that several ranks of this host need
+comes through this host's store, which fetches it once and serves it to each of them (the planner's lower
+bound); a box one rank alone needs, or a small one, is read straight from its store, in that store's batched
+read, with no hop through this host's store.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
-from functools import partial
+from functools import cache, partial
 from operator import attrgetter
 from typing import Any
 
@@ -28,6 +30,12 @@ from .gathered import blob_name
 from .shards import VIEW_AS, LocalShard, Staged, as_numpy, copy_into
 from .snapshot import Version
 from .stores import client
+
+# A box another local rank needs too, but smaller than this, is read directly by each rank that needs it: it
+# rides in the batched read of the rank's other boxes from that store, where a relay costs this host's store
+# a round trip to the peer and the rank a mapping of the piece (the `relayed_reads` phase of
+# `python benchmarks/bench_peers.py --cases recovery`: the optimizer's step scalars).
+RELAY_MIN_BYTES = 64 << 10
 
 
 class Via(StrEnum):
@@ -63,9 +71,9 @@ class Read:
 
 
 def shared_remote_boxes(p: Plan, host: str) -> set[tuple[str, Any, int]]:
-    """(tensor, box, source rank) that more than one rank of `host` pulls from another host: those go
-    through the host's store (fetched once, served to each) whatever their target; a box one rank alone
-    needs goes there too for a CPU target (`_relays_to_cpu`), else it is read directly."""
+    """(tensor, box, source rank) that more than one rank of `host` pulls from another host: those of at
+    least `RELAY_MIN_BYTES` go through the host's store (fetched once, served to each); any other remote
+    box is read directly."""
     out = set()
     for g in p.groups:
         for m in g.moves:
@@ -76,7 +84,6 @@ def shared_remote_boxes(p: Plan, host: str) -> set[tuple[str, Any, int]]:
 
 def routes(
     fetches: list[Fetch],
-    shards: dict[str, LocalShard],
     old: PTC,
     url: str,
     *,
@@ -84,10 +91,10 @@ def routes(
     shared: set[tuple[str, Any, int]],
     target_of: Callable[[Fetch], str] = attrgetter("tensor"),
 ) -> list[Read]:
-    """Each fetch of this rank as a read into `shards[target_of(fetch)]`: from this host's store (`url`)
-    when the source is on this host, through it when the box is `shared` or lands in a CPU target, else
-    from the source's store; with `central`, every read goes through the first old host's store (the
-    paper's Tenplex-Central)."""
+    """Each fetch of this rank as a read into the target `target_of(fetch)`: from this host's store (`url`)
+    when the source is on this host, through it when the box is `shared` and not small, else from the
+    source's store; with `central`, every read goes through the first old host's store (the paper's
+    Tenplex-Central)."""
     hub: StoreClient | None = client(old.mesh.hosts[0]) if central else None
     own = client(url)
     sources = {
@@ -96,6 +103,8 @@ def routes(
         for piece in old.pieces(n)
         for r in piece.holders
     }
+    itemsize = {n: old.tensors[n].itemsize for n in {f.tensor for f in fetches}}
+    peer = cache(client)  # one lookup per store, not per box
     out = []
     for f in fetches:
         key, src_box = target_of(f), f.box.relative_to(sources[(f.tensor, f.src)])
@@ -104,10 +113,10 @@ def routes(
             out.append(Read(f, key, src_box, hub, None if src_url == hub.url else src_url))
         elif src_url == url:
             out.append(Read(f, key, src_box, own))
-        elif (f.tensor, f.box, f.src) in shared or _relays_to_cpu(own, client(src_url), shards[key]):
-            out.append(Read(f, key, src_box, own, src_url))  # into this host's store: fetched once, held
+        elif (f.tensor, f.box, f.src) in shared and f.box.volume * itemsize[f.tensor] >= RELAY_MIN_BYTES:
+            out.append(Read(f, key, src_box, own, src_url))  # into this host's store: fetched once, held there
         else:
-            out.append(Read(f, key, src_box, client(src_url)))
+            out.append(Read(f, key, src_box, peer(src_url)))
     return out
 
 
@@ -141,9 +150,10 @@ class HeldBoxes:
     the boxes held in the stores on exit, however it is left.
 
     A box in this host's store is verified where it lies and held there, and `write` copies it straight
-    into a CPU target: no scratch memory, whose first touch is what costs. A box from another host for a
-    CPU target is fetched into this host's store (once, however many local ranks need it) and held there
-    the same way; when that store has no room, and for accelerator targets, it lands in scratch:
+    into a CPU target: no scratch memory, whose first touch is what costs. A box from another host that
+    several local ranks need is fetched into this host's store once and, for a CPU target, held there the
+    same way; any other box from another host, a relayed one when that store has no room, and every box for
+    an accelerator target land in scratch (one huge-page arena):
     contiguous in its tensor, in a scratch copy of the tensor, written in one copy; otherwise in a buffer
     of its own, copied into the target's view. Boxes read from one store are batched (one lookup on this
     host, one request over the network per batch) and the stores are read in parallel."""
@@ -255,16 +265,6 @@ class HeldBoxes:
             return
         for h, which in made:
             self._holds.append((h, [far[i] for i in which]))
-
-
-def _relays_to_cpu(own: StoreClient, src: StoreClient, shard: LocalShard) -> bool:
-    """Whether a box of another host's store goes through this host's store even if one rank alone needs
-    it: for a CPU target, when this host's store is reachable through shared memory. There the box lands in
-    memory the store has taken already (pooled, reserved) and is held until the write; in scratch memory
-    it would pay a first touch of fresh pages, which is what the network reads of a dp change over two
-    hosts spent their time on (the `network_reads` phase of `python benchmarks/bench_reconfig.py`,
-    results/bench_reconfig.json)."""
-    return own.is_local and not src.is_local and shard.local.device.type == "cpu"
 
 
 def _into_scratch(

@@ -188,9 +188,7 @@ def _read(snap: Snapshot, p: Plan, fetches: list[Fetch], target: _Target, run: _
         shared = shared_remote_boxes(p, target.new.mesh.hosts[me])
     at = Version(run.job, snap.step, snap.manifest.get("save_id"))
     with HeldBoxes(target.shards, at, run.concurrency, run.bd) as held:  # let go of on every way out
-        reads = partial(
-            routes, fetches, target.shards, snap.view, run.url, central=run.central, shared=shared
-        )
+        reads = partial(routes, fetches, snap.view, run.url, central=run.central, shared=shared)
         error = attempt(lambda: held.read(reads()))
         with run.bd.phase("barrier"):  # every rank's status: the wait for the slowest rank
             failed = agree(error, run.group)

@@ -90,13 +90,13 @@ def relay(rank: int) -> dict:
     """Saved by host B's ranks alone, loaded by host A's two ranks: each range crosses once, via A's store."""
     a, b = os.environ["DCP_TEST_STORES"].split(",")
     pairs = [dist.new_group([2, 3]), dist.new_group([0, 1])]
-    weight = torch.arange(24.0).reshape(4, 6)
+    weight = torch.arange(4 * 8192.0).reshape(4, 8192)  # 128 KiB: a shared box that small would go direct
     if rank >= 2:
         dcp.save({"w": weight, "n": 5}, storage_writer=StoreWriter("relayjob", 1), process_group=pairs[0])
     dist.barrier()
     res: dict = {}
     if rank < 2:
-        got = {"w": torch.zeros(4, 6), "n": 0}
+        got = {"w": torch.zeros(4, 8192), "n": 0}
         reader = StoreReader("relayjob", sources=[b], process_group=pairs[1])
         dcp.load(got, storage_reader=reader, process_group=pairs[1])
         res = {"equal": torch.equal(got["w"], weight) and got["n"] == 5, "relayed": reader.relayed}

@@ -114,7 +114,7 @@ def routes(
         elif src_url == url:
             out.append(Read(f, key, src_box, own))
         elif (f.tensor, f.box, f.src) in shared and f.box.volume * itemsize[f.tensor] >= RELAY_MIN_BYTES:
-            out.append(Read(f, key, src_box, own, src_url))  # into this host's store: fetched once, held there
+            out.append(Read(f, key, src_box, own, src_url))  # into this host's store: fetched once, held
         else:
             out.append(Read(f, key, src_box, peer(src_url)))
     return out

@@ -87,8 +87,10 @@ def _exit_code(channel: Channel, key: str, pid: int) -> int | None:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:  # gone (ENOENT), or ended between the open and the read (ESRCH)
         state = "gone"
+    if state not in ("Z", "gone"):  # running: no code yet, and the store is not asked (the monitor looks
+        return None  # at every rank 20 times a second)
     code = channel.code(key)  # asked after the look at the process: a code told before it went is seen
-    if code is None and state != "gone":  # running, or a zombie whose code is being told
+    if code is None and state != "gone":  # a zombie whose code is being told
         return None
     return -signal.SIGKILL if code is None else code
 

@@ -356,12 +356,14 @@ def test_the_stores_of_spare_hosts_run_before_the_job_needs_them_and_never_outli
     """A redeploy or a scale-out should not wait for its hosts' stores to start: `fill` starts those of the
     job's hosts and of the next unused ones (enough for the largest layout) in a thread, never on a failed
     host; once the hosts are shut down, a late start is refused rather than leaving a store behind."""
+    from tenplex.runtime.channel import Channel
     from tenplex.runtime.hosts import EmulatedHosts
     from tenplex.runtime.launcher import Launcher
+    from tenplex.util import free_port
 
     hosts = EmulatedHosts(tmp_path, devices_per_host=2, failed_hosts={"h1"})
     hosts.allocation = ["h0/d0", "h0/d1"]
-    launcher = Launcher(tmp_path, hosts, pool_size=4)
+    launcher = Launcher(tmp_path, hosts, pool_size=4, channel=Channel("127.0.0.1", free_port()))
     try:
         assert launcher.spare_hosts() == {"h0": 2, "h2": 2, "h3": 2}
         launcher.start_stores(list(launcher.spare_hosts()))

@@ -200,7 +200,9 @@ class ElasticJob:
     def _load(self, state: dict[str, Any]) -> int:
         """The load and its record: the snapshot's step, 0 for a fresh start."""
         try:
-            path = self.durable or decide(_persisted)  # one answer for all ranks: a persist may land now
+            # an agent's --persist-dir (the same on every rank): rank 0 names its newest checkpoint for all,
+            # as a persist may land meanwhile; without one, no collective is added to the load
+            path = self.durable or (decide(_persisted) if os.environ.get(env.DURABLE) else None)
             info = load(state, job=self.name, path=path, store=self.store, sources=self.sources)
         except NoSnapshotError:  # every store the job used said so: the one way to a fresh start
             self.record(Fresh(0, self.label))

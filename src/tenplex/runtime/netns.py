@@ -35,8 +35,8 @@ ROOT_PREFIX = "tpx-"  # every namespace tenplex creates starts with this
 SUBNET = "10.77.0"  # private; each run's bridge is isolated in its own namespace, so runs may reuse it
 NIC = "nic0"  # the host's interface, the same name in every host (GLOO_SOCKET_IFNAME)
 MAX_HOSTS = 250
-# the shaper's token bucket (tc-tbf): a burst of at least one GSO packet and of TBF_BURST_S of line rate,
-# packets queued up to TBF_LATENCY before they are dropped
+# the shaper's token bucket (tc-tbf), settings chosen rather than measured: a burst of at least one GSO
+# packet and of TBF_BURST_S of line rate, packets queued up to TBF_LATENCY (tc's usual) before they drop
 TBF_MIN_BURST = 256 << 10
 TBF_BURST_S = 0.002
 TBF_LATENCY = "50ms"

@@ -5,11 +5,12 @@ stores were lost falls back to."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
 
-from ..util import logs
+from ..util import env, logs
 from .record_types import Persist, PersistFailed
 from .records import Records
 
@@ -23,6 +24,13 @@ def newest_checkpoint(directory: str | Path) -> tuple[str, int] | None:
         return None
     best = max(done, key=lambda p: int(p.name[5:]))
     return str(best), int(best.name[5:])
+
+
+def persisted() -> str | None:
+    """The newest checkpoint under $TENPLEX_DURABLE (the agents' --persist-dir), if any."""
+    directory = os.environ.get(env.DURABLE)
+    found = newest_checkpoint(directory) if directory else None
+    return found[0] if found else None
 
 
 class DurableTier:

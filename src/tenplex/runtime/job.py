@@ -25,7 +25,7 @@ from ..util import env
 from . import rounds
 from .channel import RankChannel
 from .control import any_rank, from_every_rank, sum_over_ranks
-from .durable_tier import newest_checkpoint
+from .durable_tier import persisted
 from .record_types import (
     Done,
     Fresh,
@@ -200,9 +200,8 @@ class ElasticJob:
     def _load(self, state: dict[str, Any]) -> int:
         """The load and its record: the snapshot's step, 0 for a fresh start."""
         try:
-            # an agent's --persist-dir (the same on every rank): rank 0 names its newest checkpoint for all,
-            # as a persist may land meanwhile; without one, no collective is added to the load
-            path = self.durable or (decide(_persisted) if os.environ.get(env.DURABLE) else None)
+            # an agent's --persist-dir (the same on every rank): rank 0 names its newest checkpoint for all
+            path = self.durable or (decide(persisted) if os.environ.get(env.DURABLE) else None)
             info = load(state, job=self.name, path=path, store=self.store, sources=self.sources)
         except NoSnapshotError:  # every store the job used said so: the one way to a fresh start
             self.record(Fresh(0, self.label))
@@ -393,10 +392,3 @@ def _stop_requested(path: str | None, channel: RankChannel | None) -> bool:
     own host's agent); all ranks agree through one all-reduce, so they stop together."""
     asked = bool(path and dist.get_rank() == 0 and os.path.exists(path))
     return any_rank(asked or (channel is not None and channel.stop_asked()))
-
-
-def _persisted() -> str | None:
-    """The newest checkpoint under $TENPLEX_DURABLE (the agents' --persist-dir), if any."""
-    directory = os.environ.get(env.DURABLE)
-    found = newest_checkpoint(directory) if directory else None
-    return found[0] if found else None

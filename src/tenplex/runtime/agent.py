@@ -13,12 +13,15 @@ has a copy elsewhere. Membership is torch's (`DynamicRendezvousHandler`, c10d or
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import RendezvousError
@@ -41,9 +44,20 @@ log = logs.get("agent")
 PARK_TIMEOUT_S = 120.0  # a worker that neither parks nor dies this long after a change is killed, restarted
 # the same after a round broke (a worker failed, a host was lost or cut off): a worker still in a collective
 # then may wait forever (gloo cannot abort one); the others park within their commit grace (worker.py)
-BROKEN_PARK_S = 3.0
-SPARE_AFTER_S = 10.0  # a round trains this long before the host's spare worker starts warming (workers.py)
+BROKEN_PARK_S = 1.5  # (a replacement is a fork of the host's zygote: a fraction of a second)
 LINGER_S = 120.0  # a leaving agent keeps its store this long at most, until the next round has loaded
+
+
+def refuses(url: str, timeout: float = 0.3) -> bool:
+    """Whether the store's address answers at once that nothing is there: connection refused (no process
+    listens), or host or network unreachable (its route withdrawn, its ARP unanswered). A timeout says
+    nothing: a slow host is not a lost one."""
+    where = urlsplit(url)
+    try:
+        socket.create_connection((where.hostname, where.port or 80), timeout=timeout).close()
+    except OSError as e:
+        return e.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH)
+    return False
 
 
 class Agent:
@@ -178,20 +192,18 @@ class Agent:
 
     def _request_change(self, rnd: Round, why: str) -> None:
         assert self.base is not None
-        self.workers.stop(rnd, why)
+        self.workers.stop(rnd, why, self.broken)
         if not has(self.base, job_key(self.cfg.run_id, "change", rnd.number)):
             self.base.set(job_key(self.cfg.run_id, "change", rnd.number), why)
             self.records.write(Change(rnd.number, why))
 
     def _supervise(self, rnd: Round) -> str:
         """Watch the round until it ends: "done", "stop" (tenplex stop), "leave" or "change"."""
-        beat, self.heard, began = 0.0, {}, time.monotonic()
+        beat, self.heard = 0.0, {}
         while True:
             time.sleep(self.cfg.monitor_interval)
             if time.monotonic() - beat > 1.0:
                 beat = time.monotonic()
-                if beat - began > SPARE_AFTER_S:
-                    self.workers.keep_spare()
                 silent = self._beat(rnd)
                 if silent:
                     self.broken = True  # its workers' peers may wait on it in a collective forever
@@ -215,10 +227,13 @@ class Agent:
         if has(self.base, job_key(run_id, "stop")):
             self.workers.stop(rnd, "stop")
             return "stop"
-        failed = [s for s, e in ended.items() if e["outcome"] in ("error", "dead")]
+        failed = {s: e["error"] for s, e in ended.items() if e["outcome"] in ("error", "dead")}
+        failed.update(self.workers.broke(rnd))
         if failed:
             self.broken = True
-            self._request_change(rnd, f"worker {failed[0]}: {ended[failed[0]]['error']}")
+            self._mark_refused(rnd)
+            slot = min(failed)
+            self._request_change(rnd, f"worker {slot}: {failed[slot]}")
             return "change"
         if ended or has(self.base, job_key(run_id, "change", rnd.number)):
             self._request_change(rnd, "peer")
@@ -227,6 +242,19 @@ class Agent:
             self._request_change(rnd, "join")
             return "change"
         return None
+
+    def _mark_refused(self, rnd: Round) -> None:
+        """A worker's collective broke: the members whose store refuses connections (no process listens
+        on its port: the host's processes are gone) are marked lost in this round, so the next one forms
+        without waiting for them (torch's last call, or their heartbeats to lapse). A member merely slow
+        or cut off is left to the heartbeats: if it lives, it joins the round after."""
+        assert self.base is not None
+        gone = {i for i, url in enumerate(rnd.stores) if url != self.entry.url and refuses(url)}
+        for i in sorted(gone):
+            self.base.set(job_key(self.cfg.run_id, "lost", rnd.number, rnd.stores[i]), "1")
+            log.warning("round %d: the store of %s refuses connections: lost", rnd.number, rnd.stores[i])
+        if gone:
+            rendezvous.drop(self.handler, gone)
 
     def _beat(self, rnd: Round) -> str | None:
         """Once a second: the round's loaded mark (node 0); the first member whose agent's beacon said

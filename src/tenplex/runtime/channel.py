@@ -4,6 +4,8 @@
 namespace hosts); a `tenplex agent` hosts one for its workers. Keys are per phase (a round under an agent):
 
 - `stop/N`: stop at the next step boundary and save;
+- `broken/N`: the phase broke (a host lost, a rank failed): a rank that waits on the others (a commit under
+  way) leaves the phase instead;
 - `turn/N`: a phase started ahead goes ("go TIME") or never runs ("cancel"): the first word wins
   (`compare_set`), so the ranks, the controller and the old phase's rank 0 all read the same answer;
 - `next/N`: the phase started ahead after phase N, whose turn N's rank 0 gives once its final save committed;
@@ -144,6 +146,11 @@ class RankChannel:
 
     def stop_asked(self) -> bool:
         return bool(self._ask(self.store.check, [f"stop/{self.phase}"]))
+
+    def broken(self) -> bool:
+        """Whether the runtime found this phase broken (a host lost, a rank failed): nothing waiting on
+        the others' collectives will end."""
+        return bool(self._ask(self.store.check, [f"broken/{self.phase}"]))
 
     def wait_turn(self) -> tuple[bool, float]:
         """Wait until this phase is told to go or cancelled: (goes, when it was told)."""

@@ -3,8 +3,14 @@ ranks' start times. Small tensors, moved where the group's backend can reduce th
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
+
+from . import rounds
+from .channel import RankChannel
+from .spec import WorkerSpec
 
 
 def on_backend(t: torch.Tensor) -> torch.Tensor:
@@ -32,3 +38,21 @@ def from_every_rank(*values: float) -> list[list[float]]:
     every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(every, mine)
     return [t.tolist() for t in every]
+
+
+def rank_channel(spec: WorkerSpec | None) -> RankChannel | None:
+    """The runtime's signals for this rank: its controller's store (`tenplex run`), its agent's (a worker
+    of `tenplex agent`), or none (a script on its own, or under torchrun)."""
+    if spec is not None and spec.control:
+        return RankChannel(spec.control, spec.phase)
+    placed, number = rounds.worker_agent(), os.environ.get(rounds.ROUND)
+    if placed is not None and number:
+        return RankChannel(placed[0], int(number), store=rounds.agent_store())
+    return None
+
+
+def stop_requested(path: str | None, channel: RankChannel | None) -> bool:
+    """Rank 0 looks for the stop file (`--stop-file`), every rank asks its runtime (its controller, or its
+    own host's agent); all ranks agree through one all-reduce, so they stop together."""
+    asked = bool(path and dist.get_rank() == 0 and os.path.exists(path))
+    return any_rank(asked or (channel is not None and channel.stop_asked()))

@@ -19,12 +19,12 @@ import torch.distributed as dist
 from ..ptc import TenplexError
 from ..store import MemoryLimitError, StoreError
 from ..transformer import NoSnapshotError, SaveHandle, StoresLostError, jobrecord, load, save
+from ..transformer.errors import SaveTimeoutError
 from ..transformer.stores import client, resolve
 from ..transformer.world import decide, init_distributed
 from ..util import env
 from . import rounds
-from .channel import RankChannel
-from .control import any_rank, from_every_rank, sum_over_ranks
+from .control import from_every_rank, rank_channel, stop_requested, sum_over_ranks
 from .durable_tier import persisted
 from .record_types import (
     Done,
@@ -49,6 +49,10 @@ State = dict[str, Any] | Callable[[], dict[str, Any]]
 
 class JobError(TenplexError):
     """The job was set up wrongly (no name, no step to stop at)."""
+
+
+class RoundBrokenError(JobError):
+    """The round this rank trains in broke (its agent says so: a host was lost, a worker failed)."""
 
 
 def _job_end(spec: WorkerSpec | None, until: int | None) -> int:
@@ -116,7 +120,7 @@ class ElasticJob:
         every = snapshot_every if spec is None or spec.snapshot_every is None else spec.snapshot_every
         self.every = int(every or 0)
         self.stop_file = spec.stop_file if spec else stop_file
-        self.channel = _channel(spec)  # the runtime's signals: stop, turn, fired (None: no runtime)
+        self.channel = rank_channel(spec)  # the runtime's signals: stop, turn, fired (None: no runtime)
         self.durable = spec.durable if spec else durable
         self.store = spec.store if spec else None  # None: the transformer's default ($TENPLEX_STORE)
         self.sources = (spec.sources if spec else None) or None  # None: the transformer finds them
@@ -278,7 +282,7 @@ class ElasticJob:
     def running(self, step: int) -> bool:
         """Whether to train step `step + 1`: all ranks get the same answer (one all-reduce)."""
         self.ready(step)
-        going = not _stop_requested(self.stop_file, self.channel) and step < self.until
+        going = not stop_requested(self.stop_file, self.channel) and step < self.until
         if not going:
             rounds.note_end(step >= self.until)
         return going
@@ -309,12 +313,25 @@ class ElasticJob:
         if handle is None:
             return
         try:
-            handle.wait()
+            self._wait_commit(handle)
         except MemoryLimitError as e:
             self._no_room(handle.step, e, skipped=True)
             return
         self.saved, self._saved_id = handle.step, handle.save_id
         self._report_copies(handle)
+
+    def _wait_commit(self, handle: SaveHandle) -> None:
+        """Until the commit ended; a commit that waits on ranks of a round that broke (a host was lost)
+        may never end, as gloo cannot abort its collective: this rank leaves the round instead."""
+        while True:
+            try:
+                handle.wait(COMMIT_POLL_S)
+                return
+            except SaveTimeoutError:
+                if self.channel is not None and self.channel.broken():
+                    raise RoundBrokenError(
+                        f"the round broke while step {handle.step}'s snapshot committed"
+                    ) from None
 
     def _report_copies(self, handle: SaveHandle) -> None:
         """A committed save whose copies did not reach a replica store is said in the records (rank 0
@@ -373,22 +390,5 @@ def _state(state: State) -> dict[str, Any]:
     return state() if callable(state) else state
 
 
+COMMIT_POLL_S = 0.1  # a rank waiting for a commit asks this often whether its round broke
 FAILURE_WAIT_S = 120.0  # a controller that never fires the failure it announced: the rank ends with an error
-
-
-def _channel(spec: WorkerSpec | None) -> RankChannel | None:
-    """The runtime's signals for this rank: its controller's store (`tenplex run`), its agent's (a worker
-    of `tenplex agent`), or none (a script on its own, or under torchrun)."""
-    if spec is not None and spec.control:
-        return RankChannel(spec.control, spec.phase)
-    placed, number = rounds.worker_agent(), os.environ.get(rounds.ROUND)
-    if placed is not None and number:
-        return RankChannel(placed[0], int(number), store=rounds.agent_store())
-    return None
-
-
-def _stop_requested(path: str | None, channel: RankChannel | None) -> bool:
-    """Rank 0 looks for the stop file (`--stop-file`), every rank asks its runtime (its controller, or its
-    own host's agent); all ranks agree through one all-reduce, so they stop together."""
-    asked = bool(path and dist.get_rank() == 0 and os.path.exists(path))
-    return any_rank(asked or (channel is not None and channel.stop_asked()))

@@ -13,6 +13,7 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from ..util import logs
@@ -122,3 +123,30 @@ def leave(h: Any) -> None:
         h._op_executor.run(_RendezvousExitOp(), time.monotonic() + 10)
     except Exception as e:  # not a DynamicRendezvousHandler, or the store is gone
         log.warning("left the rendezvous without telling it (%s); the others wait for the heartbeats", e)
+
+
+def drop(h: Any, ranks: set[int]) -> None:
+    """Take the members of the last round at `ranks` out of the rendezvous now, as torch does once their
+    heartbeats lapse: their hosts were found gone (`Agent._mark_refused`), and the next round would
+    otherwise wait out their heartbeats (seconds) before it can form. Their last heartbeats are set long
+    expired; torch's own sanitizing removes them at the next read of the state. A member that lives after
+    all joins the next round as any newcomer does. Private names of torch 2.13: when they are gone, the
+    heartbeats decide, with a notice."""
+    long_ago = datetime(1970, 1, 1, tzinfo=UTC)
+    tries = iter(range(5))  # a write that lost a race with another node's is made again on the fresh state
+
+    def op(ctx: Any, deadline: float) -> Any:
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _Action
+
+        gone = [n for n, r in ctx.state.participants.items() if r in ranks and n != ctx.node]
+        if not gone or next(tries, None) is None:
+            return _Action.FINISH
+        for node in gone:
+            ctx.state.last_heartbeats[node] = long_ago
+        return _Action.KEEP_ALIVE  # this node's own heartbeat, and the state written back
+
+    try:
+        with h._heartbeat_lock:
+            h._op_executor.run(op, time.monotonic() + 10)
+    except Exception as e:  # not a DynamicRendezvousHandler, or the store is gone
+        log.warning("members %s stay in the rendezvous until their heartbeats lapse (%s)", sorted(ranks), e)

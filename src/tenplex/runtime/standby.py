@@ -11,6 +11,7 @@ and the process ends with it: its modules could carry state into a next role.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import runpy
@@ -55,6 +56,15 @@ class Role:
         self.proc.kill()
 
     @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None and self.pid > 0:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    @property
     def reusable(self) -> bool:
         return self.key is not None and self.returncode == 0 and self.proc.poll() is None
 
@@ -69,10 +79,12 @@ class StandbyPool:
         channel: Channel,
         die_with_parent: bool = False,
         wrap: list[str] | None = None,
+        session: bool = False,
     ) -> None:
-        # wrap: a command prefix, e.g. `ip netns exec NS` for a namespace host
+        # wrap: a command prefix, e.g. `ip netns exec NS` for a namespace host; session: the zygote and its
+        # spares in a session of their own (a Ctrl-C in the terminal is not theirs: an agent's workers)
         self.channel = channel
-        self.zygote = Zygote(log, env, channel, die_with_parent, wrap or [])
+        self.zygote = Zygote(log, env, channel, die_with_parent, wrap or [], session)
         self.idle: list[Forked] = []
 
     def fill(self, n: int) -> None:
@@ -81,11 +93,15 @@ class StandbyPool:
         while len(self.idle) < n:
             self.idle.append(self.zygote.fork())
 
-    def start(self, env: dict[str, str], out: Path, script: list[str] | None) -> Role:
-        """A rank: an idle process if one is left (else a new one), running the worker or `script`."""
+    def start(
+        self, env: dict[str, str], out: Path, script: list[str] | None, agent_worker: bool = False
+    ) -> Role:
+        """A rank: an idle process if one is left (else a new one), running the reference worker or
+        `script`; with `agent_worker`, an agent's worker (`worker.py`) that runs `script` once per round."""
         key = None if script else f"ended/{uuid.uuid4().hex}"
         control = self.channel.address
-        role = json.dumps({"env": env, "out": str(out), "script": script, "ended": key, "control": control})
+        fields = {"env": env, "out": str(out), "script": script, "ended": key, "control": control}
+        role = json.dumps({**fields, "agent_worker": agent_worker})
         self.idle = [p for p in self.idle if p.poll() is None]
         while True:
             fresh = not self.idle
@@ -126,6 +142,10 @@ def _become(role: dict[str, Any], previous: set[str]) -> int:
     os.dup2(fd, 2)
     os.close(fd)
     script = role.get("script")
+    if role.get("agent_worker"):  # it ends with the agent's last command, or when its round cannot go on
+        from .worker import main as agent_worker
+
+        return agent_worker(script)
     if script:  # its stdin is at its end, as under `python SCRIPT < /dev/null`: no role comes after it
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -153,9 +173,15 @@ def _become(role: dict[str, Any], previous: set[str]) -> int:
         sys.stderr.flush()
 
 
+_preloaded = False  # a fork of a zygote that preloaded has it all: it inherits the flag with the rest
+
+
 def preload() -> None:
     """What a rank would otherwise import while the job waits, and DTensor's one-time costs of a rank's
     first tensor-parallel build and step (`train.warmup`; `benchmarks/bench_warmup.py` measures both)."""
+    global _preloaded
+    if _preloaded:
+        return
     import torch
     import torch.distributed.checkpoint
     import torch.distributed.fsdp
@@ -167,6 +193,7 @@ def preload() -> None:
     from tenplex.train.warmup import warm_up
 
     warm_up()
+    _preloaded = True
 
 
 def serve() -> int:

@@ -13,7 +13,6 @@ script imported stay imported between rounds, as under any in-process restart.
 
 from __future__ import annotations
 
-import ctypes
 import faulthandler
 import json
 import os
@@ -29,16 +28,11 @@ from .rounds import AgentError, Round, agent_store, ended_at_last_step, forget_e
 from .standby import preload
 
 COMMIT_GRACE_S = 2.0
+# after a round broke (a collective failed: a host was lost), briefly: the commit under way most likely
+# waits on the dead, and this worker's process group stays open meanwhile, so the ranks whose collective
+# waits on this one (a ring's neighbours of the dead, say) stay stuck in it until the group is destroyed
+BROKEN_GRACE_S = 0.3
 WAIT_S = 7 * 24 * 3600.0  # a worker waits this long for its next command (the agent ends it sooner)
-
-
-def die_with_parent() -> None:
-    """Linux: this process gets SIGKILL when the agent that started it dies (a lost host takes its
-    workers with it; a worker never outlives its agent). `preexec_fn` of the agent's Popen."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def run_target(target: list[str]) -> tuple[str, str]:
@@ -61,7 +55,7 @@ def run_target(target: list[str]) -> tuple[str, str]:
     return "done", ""
 
 
-def clear_round() -> None:
+def clear_round(grace: float = COMMIT_GRACE_S) -> None:
     """Forget the round's process groups and what is cached per group or mesh, so the next round's
     script starts on a clean slate in this process."""
     import torch.distributed as dist
@@ -71,7 +65,7 @@ def clear_round() -> None:
 
     # a snapshot's commit under way is let finish, briefly: in a round broken by a lost host it may wait on
     # the dead; left torn, it is never loaded (docs/consistency.md), and its thread ends on its own timeouts
-    wait_for_pending(COMMIT_GRACE_S)
+    wait_for_pending(grace)
     if dist.is_initialized():
         try:
             dist.destroy_process_group()
@@ -105,7 +99,9 @@ def serve(target: list[str]) -> int:
         started = time.time()
         forget_end()
         outcome, message = run_target(target)
-        clear_round()
+        if outcome == "error":  # the agent hears of it now, not after the teardown: the next round forms
+            store.set(f"broke/{rnd.number}/{slot}", message)  # while this process still cleans up
+        clear_round(BROKEN_GRACE_S if outcome == "error" else COMMIT_GRACE_S)
         reached = ended_at_last_step()
         if outcome == "done" and (not reached if reached is not None else has(store, f"stop/{rnd.number}")):
             outcome = "stopped"  # the round ended for a change, not because the job is done

@@ -1,10 +1,10 @@
-"""An agent's workers on its host: started once, warm before the first round, handed each round through a
-TCPStore on loopback, watched until the round ends, replaced only when they died or hang.
+"""An agent's workers on its host: forked from a zygote that imported torch once, warm before the first
+round, handed each round through a TCPStore on loopback, watched until the round ends, replaced only when
+they died or hang.
 
-One warm spare waits beside them where the host has cores to spare (2 per worker): a worker stuck in a
-collective of a broken round (gloo cannot abort one) is replaced by the spare at once, not by a process
-that first imports torch for seconds while the job waits; a new spare warms up once the next round has
-trained a while.
+A worker stuck in a collective of a broken round (gloo cannot abort one) is killed and replaced; a fork of
+the zygote (`zygote.py`: the imports are done, the pages shared copy-on-write) takes its slot in a fraction
+of a second, where a new interpreter would first import torch for seconds while the job waits.
 """
 
 from __future__ import annotations
@@ -13,74 +13,61 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
-
+from ..util.net import free_port
+from .channel import Channel
 from .record_types import Warm, WorkerFailed
 from .records import Records
 from .rounds import AgentError, Round, has
-from .worker import die_with_parent
-
-SPARE_CORES_PER_WORKER = 2
+from .standby import Role, StandbyPool
 
 
 @dataclass
 class Process:
     """One worker process and where its commands go (its own inbox: a replacement never reads another's)."""
 
-    proc: subprocess.Popen[bytes]
+    proc: Role
     inbox: str
     sent: int = field(default=0)
 
 
 class Workers:
-    """`nproc` worker processes running `target` once per round (`runtime/worker.py`), and a spare."""
+    """`nproc` worker processes running `target` once per round (`runtime/worker.py`)."""
 
     def __init__(self, target: list[str], nproc: int, run_id: str, run_dir: Path, records: Records) -> None:
         self.target, self.nproc, self.run_id, self.run_dir = target, nproc, run_id, run_dir
         self.records = records
-        self.store = dist.TCPStore(
-            "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
+        self.channel = Channel("127.0.0.1", free_port())
+        self.channel.serve()
+        self.store = self.channel.store
+        self.address = self.channel.address
+        # the zygote dies with the agent, the workers with the zygote; in a session of their own, a Ctrl-C
+        # reaches only the agent (a planned leave: the workers save first)
+        self.pool = StandbyPool(
+            run_dir / "zygote.log", dict(os.environ), self.channel, die_with_parent=True, session=True
         )
-        self.address = f"127.0.0.1:{self.store.port}"
         self.spawned = 0
         self.slots = [self._spawn() for _ in range(nproc)]
-        self.spare: Process | None = None
-        # a spare only where cores are left over for it: on a host with few, its warm-up (a torch import)
-        # would take them from the job's own changes (joins slowed in `benchmarks/bench_agent.py`)
-        self.spares = (os.cpu_count() or 1) >= SPARE_CORES_PER_WORKER * (nproc + 1)
 
     @property
-    def procs(self) -> list[subprocess.Popen[bytes]]:
+    def procs(self) -> list[Role]:
         return [w.proc for w in self.slots]
 
     def _spawn(self) -> Process:
         self.spawned += 1
         inbox = str(self.spawned)
-        environ = dict(
-            os.environ,
-            TENPLEX_AGENT=self.address,
-            TENPLEX_AGENT_INBOX=inbox,
-            LOCAL_WORLD_SIZE=str(self.nproc),
-            TORCHELASTIC_RUN_ID=self.run_id,
-        )
-        with open(self.run_dir / f"worker-p{inbox}.log", "ab") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "tenplex.runtime.worker", *self.target],
-                env=environ,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                preexec_fn=die_with_parent,
-            )
-        return Process(proc, inbox)
+        environ = {
+            "TENPLEX_AGENT": self.address,
+            "TENPLEX_AGENT_INBOX": inbox,
+            "LOCAL_WORLD_SIZE": str(self.nproc),
+            "TORCHELASTIC_RUN_ID": self.run_id,
+        }
+        out = self.run_dir / f"worker-p{inbox}.log"
+        return Process(self.pool.start(environ, out, self.target, agent_worker=True), inbox)
 
     def _warm(self, w: Process) -> bool:
         return has(self.store, f"warm/{w.inbox}")
@@ -96,12 +83,6 @@ class Workers:
             time.sleep(0.02)
         self.records.write(Warm(time.time() - t))
 
-    def keep_spare(self) -> None:
-        """Start the spare if there is none (the agent calls it once a round has trained a while: a
-        spare importing torch beside a change would slow the change on a host with few cores)."""
-        if self.spares and (self.spare is None or self.spare.proc.poll() is not None):
-            self.spare = self._spawn()
-
     def log(self, w: Process) -> Path:
         return self.run_dir / f"worker-p{w.inbox}.log"
 
@@ -113,8 +94,11 @@ class Workers:
         for slot, w in enumerate(self.slots):
             self._send(w, {"kind": "round", "slot": slot, "round": rnd.to_json(), "local_world": self.nproc})
 
-    def stop(self, rnd: Round, why: str) -> None:
-        """The round stops at its next step boundary (each worker's `ElasticJob.running` asks)."""
+    def stop(self, rnd: Round, why: str, broken: bool = False) -> None:
+        """The round stops at its next step boundary (each worker's `ElasticJob.running` asks); a broken
+        one's workers also stop waiting on commits that wait on the gone (`ElasticJob._wait_commit`)."""
+        if broken:
+            self.store.set(f"broken/{rnd.number}", why)
         self.store.set(f"stop/{rnd.number}", why)
 
     def ready(self, rnd: Round) -> bool:
@@ -136,6 +120,11 @@ class Workers:
                 out[slot] = {"outcome": "dead", "error": f"exit code {w.proc.returncode}"}
         return out
 
+    def broke(self, rnd: Round) -> dict[int, str]:
+        """Workers whose round failed and that are still tearing it down (`worker.py` says so first)."""
+        keys = {slot: f"broke/{rnd.number}/{slot}" for slot in range(self.nproc)}
+        return {slot: self.store.get(k).decode() for slot, k in keys.items() if has(self.store, k)}
+
     def park(self, rnd: Round, timeout: float) -> list[int]:
         """Wait until every worker ended the round; replace those that died or still hang after `timeout`.
         The slots whose round failed (error, dead, hung)."""
@@ -154,23 +143,22 @@ class Workers:
         return failed
 
     def _replace(self, slot: int) -> None:
-        """The slot's process ends (its stack into its log first, when it hangs); the warm spare takes the
-        slot when there is one, and a new spare starts warming."""
+        """The slot's process ends (its stack into its log first, when it hangs); a new fork takes it."""
         w = self.slots[slot]
         if w.proc.poll() is None:
             w.proc.send_signal(signal.SIGUSR1)  # where it hangs, into its log (faulthandler)
             time.sleep(0.2)
             w.proc.kill()
             w.proc.wait()
-        spare, self.spare = self.spare, None
-        self.slots[slot] = spare if spare is not None and spare.proc.poll() is None else self._spawn()
+        self.slots[slot] = self._spawn()
 
     def close(self) -> None:
-        for w in [*self.slots, *([self.spare] if self.spare else [])]:
+        for w in self.slots:
             if w.proc.poll() is None:
                 self._send(w, {"kind": "exit"})
-        for w in [*self.slots, *([self.spare] if self.spare else [])]:
+        for w in self.slots:
             try:
                 w.proc.wait(10)
             except subprocess.TimeoutExpired:
                 w.proc.kill()
+        self.pool.close()

@@ -99,9 +99,16 @@ class Zygote:
     """The forking process of one pool, started on the first `fork`."""
 
     def __init__(
-        self, log: Path, env: dict[str, str], channel: Channel, die_with_parent: bool, wrap: list[str]
+        self,
+        log: Path,
+        env: dict[str, str],
+        channel: Channel,
+        die_with_parent: bool,
+        wrap: list[str],
+        session: bool = False,
     ) -> None:
         self.log, self.env, self.die_with_parent, self.wrap = log, env, die_with_parent, wrap
+        self.session = session
         self.channel = channel
         self.proc: subprocess.Popen | None = None
         self.dir = log.parent / f"{log.stem}.fifos"  # the zygote removes it when it ends
@@ -173,6 +180,7 @@ class Zygote:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=err,
+                start_new_session=self.session,
             )
 
 

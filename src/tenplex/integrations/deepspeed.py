@@ -202,6 +202,7 @@ class DeepSpeedState:
             "master": {f.name: piece(f.hp, (f.numel,), (f.start,)) for f in frags},
             "optim": {k: {f.name: _piece(opt.state[f.flat][k], f) for f in frags} for k in keys},
             "groups": _groups(opt, frags, keys),
+            "shapes": shapes(self.engine.module),
             "buffers": dict(self.engine.module.named_buffers()),
             "engine": {c: getattr(self.engine, c) for c in COUNTERS},
             **({"scheduler": scheduler} if scheduler is not None else {}),
@@ -220,6 +221,12 @@ class DeepSpeedState:
         for c in COUNTERS:
             setattr(self.engine, c, state["engine"][c])
         _refresh_model(self.engine)
+
+
+def shapes(module: nn.Module) -> dict[str, list[int]]:
+    """Each parameter's shape (ZeRO-3 keeps it in `ds_shape`): the pieces are of flattened parameters, and
+    an export to DeepSpeed's universal checkpoint writes them whole, in their own shapes."""
+    return {n: list(getattr(p, "ds_shape", p.shape)) for n, p in module.named_parameters()}
 
 
 def _piece(t: torch.Tensor, f: Fragment) -> torch.Tensor:

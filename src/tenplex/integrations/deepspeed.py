@@ -7,7 +7,8 @@ stage, a rank holds one contiguous range of each flattened parameter. `DeepSpeed
 as 1-D pieces of the flattened parameters (`master.<param>`, `optim.<key>.<param>`), so that a snapshot
 written under any stage and dp size loads into any other: each new rank pulls exactly its new ranges,
 straight into DeepSpeed's own buffers. The model's weights are not stored: they are the master weights
-(in the model's dtype), refreshed from them after a load as DeepSpeed does after a step.
+(in the model's dtype), refreshed from them after a load as DeepSpeed does after a step; their shapes are
+(values), for an export to DeepSpeed's own checkpoint format (deepspeed_export).
 """
 
 from __future__ import annotations

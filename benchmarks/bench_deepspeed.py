@@ -16,7 +16,7 @@ bit for bit the saved ones. Every timed part runs between barriers (the slowest 
 R` saves and loads R times: `first_*` is the first (connections, allocations), the others' median the
 steady state; `x_ds` = DeepSpeed's save + convert + load / tenplex's save + load.
 
-    python benchmarks/bench_deepspeed.py [--size 8] [--changes 2-3,2-1] [--repeat 3] [--stage 2]
+    python benchmarks/bench_deepspeed.py [--size 8[,96]] [--changes 2-3,2-1] [--repeat 3] [--stage 2]
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -233,7 +234,8 @@ def measure(change: str, args: argparse.Namespace, width: int, store_url: str) -
         loaded = launch("load", new, cfg, store_url)
     ours = [s + load for s, load in zip(saved["tenplex_save_s"], loaded["tenplex_load_s"])]
     theirs = [s + c + load for s, c, load in zip(saved["ds_save_s"], converted, loaded["ds_load_s"])]
-    row = {"change": f"dp {old}→{new}", "stage": args.stage, "state_MB": round(12 * args.params / 1e6, 1)}
+    params = VOCAB * EMBED + (EMBED * CONTEXT + 1) * width + (width + 1) * VOCAB
+    row = {"change": f"dp {old}→{new}", "stage": args.stage, "state_MB": round(12 * params / 1e6, 1)}
     for name, xs in (*saved.items(), ("ds_convert_s", converted), *loaded.items()):
         if name != "differ":
             row[name] = round(steady(xs), 4)
@@ -246,7 +248,7 @@ def measure(change: str, args: argparse.Namespace, width: int, store_url: str) -
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--size", type=float, default=8, help="MB of fp32 weights + Adam moments (about)")
+    p.add_argument("--size", default="8", help="MB of fp32 weights + Adam moments (about); comma-separated")
     p.add_argument("--changes", default="2-3,2-1", help="OLD-NEW dp sizes, comma-separated")
     p.add_argument("--stage", type=int, default=2, choices=(1, 2, 3), help="the ZeRO stage of both sides")
     p.add_argument("--repeat", type=int, default=3, help="saves and loads per path: the first, then steady")
@@ -257,15 +259,21 @@ def main() -> None:
         worker(args.worker)
     from tenplex.store import start_store
 
-    width = width_for(args.size)
-    args.params = VOCAB * EMBED + (EMBED * CONTEXT + 1) * width + (width + 1) * VOCAB
-    store = start_store(memory_limit=f"{max(1, int(args.size * args.repeat * 3 / 1000) + 1)}GiB")
     try:
-        rows = [measure(c, args, width, store.url) for c in args.changes.split(",")]
+        sizes = [float(x) for x in args.size.split(",")]
+    except ValueError:
+        p.error(f"--size {args.size!r}: expected MB figures such as 8,96")
+    changes = args.changes.split(",")
+    if not all(re.fullmatch(r"[1-9]\d*-[1-9]\d*", c) for c in changes):
+        p.error(f"--changes {args.changes!r}: expected OLD-NEW dp sizes such as 2-3,2-1")
+    held_mb = sum(sizes) * len(changes) * args.repeat * 1.5  # every saved step stays in the store
+    store = start_store(memory_limit=f"{int(held_mb / 1000) + 1}GiB")
+    try:
+        rows = [measure(c, args, width_for(mb), store.url) for mb in sizes for c in changes]
     finally:
         store.stop()
     meta = {
-        "size_MB": args.size,
+        "size_MB": sizes,
         "repeat": args.repeat,
         "command": " ".join(["python benchmarks/bench_deepspeed.py", *sys.argv[1:]]),
     }

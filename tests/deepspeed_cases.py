@@ -5,6 +5,8 @@ fp32 parameters and Adam moments (gathered by DeepSpeed's own `safe_get_full_*` 
 batch's loss and the loss of one more training step to `DS_REF`. `DS_MODE=load`: builds a fresh engine
 (another seed, any stage and world size), loads the snapshot, and compares the same gathered tensors with
 `DS_REF` bit for bit; then the same next loss and the next step's. `DS_WIDTH` changes the model (bad input).
+`DS_MODE=universal`: the same, loaded by DeepSpeed's own `load_checkpoint` from the universal checkpoint
+folder `DS_EXPORT` (tenplex's export).
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from tenplex.integrations.deepspeed import DeepSpeedState, base_optimizer
 CONTEXT, GLOBAL_BATCH, STEPS = 4, 6, 3
 
 
-def build(stage: int, width: int, seed: int, frozen: bool = False) -> deepspeed.DeepSpeedEngine:
+def build(
+    stage: int, width: int, seed: int, frozen: bool = False, universal: bool = False
+) -> deepspeed.DeepSpeedEngine:
     """Uneven sizes on purpose: ZeRO pads its partitions, and parameters straddle partition borders."""
     torch.manual_seed(seed)
     model = nn.Sequential(
@@ -40,6 +44,7 @@ def build(stage: int, width: int, seed: int, frozen: bool = False) -> deepspeed.
         "zero_optimization": {"stage": stage},
         "zero_allow_untested_optimizer": True,
         "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10, "warmup_max_lr": 1e-2}},
+        "checkpoint": {"load_universal": universal},
     }
     engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=config)
     return engine
@@ -102,10 +107,21 @@ def load_case(engine: deepspeed.DeepSpeedEngine, job: str, ref: str) -> dict:
     sd = state()
     info = tenplex.load(sd, job=job)
     state.restore(sd)
+    return {"step": info.step, **compared(engine, ref)}
+
+
+def universal_case(engine: deepspeed.DeepSpeedEngine, folder: str, ref: str) -> dict:
+    """DeepSpeed's own load of a universal checkpoint (the tag `latest_universal` names)."""
+    path, _ = engine.load_checkpoint(folder)
+    assert path is not None, f"DeepSpeed loaded nothing from {folder}"
+    return {"step": engine.global_steps, **compared(engine, ref)}
+
+
+def compared(engine: deepspeed.DeepSpeedEngine, ref: str) -> dict:
+    """The loaded state against the saved one (`ref`): the gathered tensors, the next loss and step's."""
     full, saved = gathered(engine), torch.load(ref)
     differ = sorted(k for k, t in saved["full"].items() if not torch.equal(full[k], t))
     result = {
-        "step": info.step,
         "names": sorted(full),
         "differ": differ,
         "global_steps": engine.global_steps,
@@ -122,8 +138,11 @@ def run_case(mode: str, spec: str, job: str, ref: str) -> dict:
     stage, width, frozen = [*spec.split("/"), "", ""][:3]
     try:
         seed = 0 if mode == "save" else 1  # a fresh engine unlike the saved one: the load must do it all
-        engine = build(int(stage), int(width or 13), seed, frozen == "frozen")
-        result = (save_case if mode == "save" else load_case)(engine, job, ref)
+        engine = build(int(stage), int(width or 13), seed, frozen == "frozen", universal=mode == "universal")
+        if mode == "universal":
+            result = universal_case(engine, os.environ["DS_EXPORT"], ref)
+        else:
+            result = (save_case if mode == "save" else load_case)(engine, job, ref)
         engine.destroy()
         return result
     except tenplex.TenplexError as e:

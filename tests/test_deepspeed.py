@@ -145,4 +145,23 @@ def test_deepspeed_charlm_changes_dp_and_stage_survives_a_killed_rank(tmp_path):
     assert layouts == ["zero2-dp2", "zero3-dp3", "zero2-dp2", "zero1-dp1"], layouts
     assert not [x for x in recs if x["kind"] == "crash"]
     (plain,) = run_ranks("deepspeed_plain", 1, env={"DS_STEPS": str(STEPS)}, timeout=300)
-    assert losses(timeline(tmp_path / "ds-static")) == {int(k): v for k, v in plain.items()}
+    static = losses(timeline(tmp_path / "ds-static"))
+    assert static == {int(k): v for k, v in plain.items()}
+    print(loss_table(recs, static))  # the table the docs quote (pytest -s, or -rP)
+
+
+def loss_table(recs: list[dict], static: dict[int, float]) -> str:
+    """Every step the elastic run trained (a step replayed after the failure once per run of it) with its
+    layout, its loss and the static run's, and the largest difference per layout."""
+    rows, phase = [], ""
+    for x in (x for x in recs if x["kind"] == "worker"):
+        if x["event"] == "ready":
+            phase = f"{x['layout']} from step {x['step']}"
+        elif x["event"] == "step" and x.get("loss") is not None:
+            rows.append((x["step"], phase, x["loss"], static[x["step"]]))
+    lines = ["| step | phase | elastic | static (zero1-dp1) | diff |", "|---|---|---|---|---|"]
+    lines += [f"| {s} | {p} | {e:.7f} | {st:.7f} | {abs(e - st):.1e} |" for s, p, e, st in rows]
+    worst: dict[str, float] = {}
+    for _, p, e, st in rows:
+        worst[p] = max(worst.get(p, 0.0), abs(e - st))
+    return "\n".join(lines) + "\nmax diff per phase: " + ", ".join(f"{k} {v:.1e}" for k, v in worst.items())

@@ -7,7 +7,8 @@ stage, a rank holds one contiguous range of each flattened parameter. `DeepSpeed
 as 1-D pieces of the flattened parameters (`master.<param>`, `optim.<key>.<param>`), so that a snapshot
 written under any stage and dp size loads into any other: each new rank pulls exactly its new ranges,
 straight into DeepSpeed's own buffers. The model's weights are not stored: they are the master weights
-(in the model's dtype), refreshed from them after a load as DeepSpeed does after a step.
+(in the model's dtype), refreshed from them after a load as DeepSpeed does after a step; their shapes are
+(values), for an export to DeepSpeed's own checkpoint format (deepspeed_export).
 """
 
 from __future__ import annotations
@@ -202,6 +203,7 @@ class DeepSpeedState:
             "master": {f.name: piece(f.hp, (f.numel,), (f.start,)) for f in frags},
             "optim": {k: {f.name: _piece(opt.state[f.flat][k], f) for f in frags} for k in keys},
             "groups": _groups(opt, frags, keys),
+            "shapes": shapes(self.engine.module),
             "buffers": dict(self.engine.module.named_buffers()),
             "engine": {c: getattr(self.engine, c) for c in COUNTERS},
             **({"scheduler": scheduler} if scheduler is not None else {}),
@@ -220,6 +222,12 @@ class DeepSpeedState:
         for c in COUNTERS:
             setattr(self.engine, c, state["engine"][c])
         _refresh_model(self.engine)
+
+
+def shapes(module: nn.Module) -> dict[str, list[int]]:
+    """Each parameter's shape (ZeRO-3 keeps it in `ds_shape`): the pieces are of flattened parameters, and
+    an export to DeepSpeed's universal checkpoint writes them whole, in their own shapes."""
+    return {n: list(getattr(p, "ds_shape", p.shape)) for n, p in module.named_parameters()}
 
 
 def _piece(t: torch.Tensor, f: Fragment) -> torch.Tensor:

@@ -79,6 +79,7 @@ def universal_state(folder: Path) -> dict[str, Any]:
         "master": tensors.pop("fp32"),
         "optim": tensors,
         "groups": {0: {"settings": settings, "state": scalars}},
+        "shapes": {n: list(s) for shapes in model["param_shapes"] for n, s in shapes.items()},
         "buffers": {n: t for n, t in model["module"].items() if n in set(model.get("buffer_names") or ())},
         "engine": {**counters, "micro_steps": model["global_steps"] * gas},
         **({"scheduler": model["lr_scheduler"]} if model.get("lr_scheduler") is not None else {}),

@@ -25,6 +25,7 @@ COMMANDS = (
     "agent_cmd",
     "deploy_cmd",
     "import_cmd",
+    "export_cmd",
 )
 
 

@@ -8,7 +8,8 @@ is). Every loaded tensor is checked bitwise against Megatron's own checkpoint re
 round is reported apart (Megatron's first save in a process starts a `spawn` multiprocessing manager);
 the steady figures are the median of the other rounds. `x_megatron` = Megatron's save + load over
 tenplex's. The ranks run on the CPU with the tests' stand-ins for Megatron's CUDA-only spots
-(`tests/megatron_cpu.py`, imported from tests/: what they avoid is named there).
+(`tests/megatron_cpu.py`, imported from tests/: what they avoid is named there), and the checks and
+timers of the tests' worker (`tests/megatron_cases.py`).
 
     python benchmarks/bench_megatron.py [--size tiny|small|medium] [--rounds 4] [--out PATH]
 """
@@ -22,14 +23,13 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from common import print_rows, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
-# hidden, layers, heads, vocab, seq: about 0.15 MB, 13 MB and 100 MB of fp32 weights
-SIZES = {"tiny": (32, 2, 4, 128, 16), "small": (256, 4, 8, 4096, 64), "medium": (512, 8, 8, 16384, 128)}
+# hidden, layers, heads, vocab, seq: about 0.15 MB, 21 MB and 108 MB of fp32 weights
+SIZES = {"tiny": (32, 2, 4, 128, 16), "small": (256, 4, 8, 4096, 64), "medium": (512, 6, 8, 8192, 128)}
 JOB = "bench-megatron"
 CHANGES = {"tp2 → dp2 × tp1": (1, 1), "tp2 → pp2": (1, 2)}
 
@@ -41,6 +41,7 @@ def rank_main(size: str, rounds: int, out: str) -> None:
 
     import megatron_cpu as mc
     import tenplex
+    from megatron_cases import differ, tensors, timed
     from tenplex.integrations.megatron import model_state
     from tenplex.integrations.megatron_checkpoint import read_torch_dist
 
@@ -57,21 +58,21 @@ def rank_main(size: str, rounds: int, out: str) -> None:
             step, path = n * len(CHANGES) + i + 1, f"{folder}/r{n}-{i}"
             mc.init_parallel(tp=2)
             source = mc.tiny_gpt(2, 1, 0, **dims)
-            t = {"tenplex_save_s": _timed(tenplex.save, {"model": model_state(source)}, JOB, step, keep=1)}
+            t = {"tenplex_save_s": timed(tenplex.save, {"model": model_state(source)}, JOB, step, keep=1)}
             if dist.get_rank() == 0:
                 os.makedirs(path)
-            t["megatron_save_s"] = _timed(dist_checkpointing.save, source.sharded_state_dict(), path)
+            t["megatron_save_s"] = timed(dist_checkpointing.save, source.sharded_state_dict(), path)
             want = read_torch_dist(path)
             mc.init_parallel(tp=tp, pp=pp)
             ours, theirs = mc.tiny_gpt(tp, pp, 1, **dims), mc.tiny_gpt(tp, pp, 2, **dims)
-            t["tenplex_load_s"] = _timed(tenplex.load, {"model": model_state(ours)}, JOB, step)
-            t["megatron_load_s"] = _timed(
+            t["tenplex_load_s"] = timed(tenplex.load, {"model": model_state(ours)}, JOB, step)
+            t["megatron_load_s"] = timed(
                 lambda m=theirs, at=path: m.load_state_dict(
                     dist_checkpointing.load(m.sharded_state_dict(), at)
                 )
             )
-            bad += [f"round {n} {change} tenplex: {x}" for x in _differ(ours, want)]
-            bad += [f"round {n} {change} megatron: {x}" for x in _differ(theirs, want)]
+            bad += differ(tensors(ours), want, f"round {n} {change} tenplex")
+            bad += differ(tensors(theirs), want, f"round {n} {change} megatron")
             times[change].append(t)
             dist.barrier()
             if dist.get_rank() == 0:
@@ -93,32 +94,6 @@ def _shared(path: str) -> str:
     box = [path]
     dist.broadcast_object_list(box, src=0)
     return box[0]
-
-
-def _timed(fn, *args, **kwargs) -> float:
-    import torch.distributed as dist
-
-    dist.barrier()
-    start = time.perf_counter()
-    fn(*args, **kwargs)
-    dist.barrier()
-    return time.perf_counter() - start
-
-
-def _differ(model, want: dict) -> list[str]:
-    """This rank's boxes of the model's tensors that are not bitwise those of Megatron's checkpoint."""
-    import torch
-
-    from tenplex.integrations.megatron import model_state
-    from tenplex.transformer.shards import PIECE
-
-    bad = []
-    for name, t in model_state(model).tensors.items():
-        _, start = getattr(t, PIECE)
-        region = want[name][tuple(slice(a, a + n) for a, n in zip(start, t.shape))]
-        if not torch.equal(t.contiguous().view(torch.int32), region.contiguous().view(torch.int32)):
-            bad.append(name)
-    return bad
 
 
 def summarize(ranks: list[dict], size: str) -> list[dict]:
@@ -167,7 +142,9 @@ def main() -> int:
         run_local([*argv, "--rank-out", out], 2, env=env, timeout=3600)
         ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(2)]
     rows = summarize(ranks, args.size)
-    command = "python benchmarks/bench_megatron.py" + (f" --size {args.size}" if args.size != "medium" else "")
+    command = "python benchmarks/bench_megatron.py" + (
+        f" --size {args.size}" if args.size != "medium" else ""
+    )
     path = write_results("bench_megatron", rows, {"command": command}, args.out)
     cols = ["change", "state_MB", "tenplex_save_s", "tenplex_load_s", "megatron_save_s", "megatron_load_s",
             "x_megatron", "first_megatron_save_s", "first_x_megatron"]  # fmt: skip

@@ -480,6 +480,17 @@ TABLES: dict[str, Table] = {
         SNAPSHOT,
         after=on_device,
     ),
+    "megatron": Table(
+        "bench_megatron.json",
+        "python benchmarks/bench_megatron.py",
+        (
+            ("change", key("change")),
+            ("state (MB)", key("state_MB")),
+            *plain("tenplex_save_s tenplex_load_s megatron_save_s megatron_load_s x_megatron"),
+            ("first: megatron_save_s", key("first_megatron_save_s")),
+            ("first: x_megatron", key("first_x_megatron")),
+        ),
+    ),
     "cuda": Table(
         "bench_cuda.json",
         "python benchmarks/bench_cuda.py --size 2",

@@ -43,6 +43,8 @@ def tenplex(*args: str) -> subprocess.CompletedProcess:
 def test_cli_refuses_what_is_no_torch_dist_checkpoint_in_one_line(store, tmp_path):
     (tmp_path / "x").mkdir()
     (tmp_path / "x" / "metadata.json").write_text('{"sharded_backend": "zarr"}')
+    (tmp_path / "torn").mkdir()
+    (tmp_path / "torn" / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')
     cases = {
         "no such folder": ["import", "megatron", str(tmp_path / "nowhere"), "--job", "j"],
         "no metadata.json": ["import", "megatron", str(tmp_path), "--job", "j"],

@@ -20,8 +20,9 @@ import re
 import shutil
 import uuid
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -35,6 +36,7 @@ from ..transformer.durable import assemble
 BACKEND = {"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch",
            "common_backend_version": 1}  # fmt: skip
 PREFIX = "model."
+T = TypeVar("T")
 
 
 class MegatronCheckpointError(TenplexError):
@@ -53,14 +55,17 @@ def read_torch_dist(folder: str | Path) -> dict[str, Any]:
     backend = json.loads(meta_file.read_text()).get("sharded_backend")
     if backend != "torch_dist":
         raise MegatronCheckpointError(f"{folder}: sharded_backend {backend!r}; tenplex reads 'torch_dist'")
-    common = torch.load(folder / "common.pt", map_location="cpu", weights_only=False)
+    common = _read(
+        folder, "common.pt", torch.load, folder / "common.pt", map_location="cpu", weights_only=False
+    )
     if common:
         raise MegatronCheckpointError(
             f"{folder}: common state {sorted(common)} (not sharded) is not mapped; tenplex imports a model's "
             "sharded tensors (save the model's sharded_state_dict() alone)"
         )
     items: dict[str, Any] = {}
-    for key, md in FileSystemReader(str(folder)).read_metadata().state_dict_metadata.items():
+    metadata = _read(folder, ".metadata", FileSystemReader(str(folder)).read_metadata)
+    for key, md in metadata.state_dict_metadata.items():
         if key.startswith("optimizer."):
             raise MegatronCheckpointError(f"{folder}: {key}: Megatron's optimizer state is not mapped")
         if isinstance(md, TensorStorageMetadata):
@@ -69,7 +74,7 @@ def read_torch_dist(folder: str | Path) -> dict[str, Any]:
             items[key] = io.BytesIO()
     with warnings.catch_warnings():  # one process on purpose
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(items, checkpoint_id=str(folder), no_dist=True)
+        _read(folder, "the tensors", dcp.load, items, checkpoint_id=str(folder), no_dist=True)
     for key, item in items.items():  # DCP's planner hands an object back unpickled: the list of the data of
         # the objects of that key on the rank that wrote it (strategies/torch.py)
         if not isinstance(item, torch.Tensor):
@@ -79,6 +84,15 @@ def read_torch_dist(folder: str | Path) -> dict[str, Any]:
                 )
             items[key] = None
     return items
+
+
+def _read(folder: Path, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`fn(...)`, its failure one line naming the folder and the file (a missing or torn checkpoint)."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:  # torch's and DCP's many exception types: the message is what tells the user
+        cause = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise MegatronCheckpointError(f"{folder}: cannot read {what}: {cause}") from e
 
 
 def import_checkpoint(

@@ -23,6 +23,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from common import print_rows, write_results
@@ -53,6 +54,7 @@ def rank_main(size: str, rounds: int, out: str) -> None:
     folder = _shared(str(shm))
     times: dict[str, list[dict[str, float]]] = {c: [] for c in CHANGES}
     bad: list[str] = []
+    moved: dict[str, float] = {}
     for n in range(rounds):
         for i, (change, (tp, pp)) in enumerate(CHANGES.items()):
             step, path = n * len(CHANGES) + i + 1, f"{folder}/r{n}-{i}"
@@ -76,15 +78,45 @@ def rank_main(size: str, rounds: int, out: str) -> None:
             times[change].append(t)
             dist.barrier()
             if dist.get_rank() == 0:
+                if n == rounds - 1 and i == 0:  # the last tp 2 checkpoint, in and out without the model
+                    moved = import_export(path, want)
+                    bad += moved.pop("bad")
                 shutil.rmtree(path)
     nbytes = sum(t.numel() * t.element_size() for t in want.values() if t is not None)
     Path(out, f"rank{dist.get_rank()}.json").write_text(
-        json.dumps({"times": times, "bad": bad, "bytes": nbytes})
+        json.dumps({"times": times, "bad": bad, "bytes": nbytes, **moved})
     )
     if shm is not None:
         shutil.rmtree(shm, ignore_errors=True)
     parallel_state.destroy_model_parallel()
     dist.destroy_process_group()
+
+
+def import_export(path: str, want: dict) -> dict:
+    """`tenplex import megatron` and `tenplex export megatron` on `path`, timed as commands (their own
+    processes: the interpreter's and torch's start included); the exported folder read back against `want`."""
+    import torch
+
+    from megatron_cases import bits, cli
+    from tenplex.integrations.megatron_checkpoint import read_torch_dist
+
+    out: dict = {"bad": []}
+    job = JOB + "-import"
+    commands = {"import_s": ["import", "megatron", path, "--job", job, "--step", "1"],
+                "export_s": ["export", "megatron", f"{path}-exported", "--job", job]}  # fmt: skip
+    for name, args in commands.items():
+        start = time.perf_counter()
+        r = cli(*args)
+        out[name] = time.perf_counter() - start
+        if r.returncode != 0:
+            out["bad"].append(f"tenplex {args[0]} megatron: {r.stderr.strip()[-300:]}")
+            return out
+    back = read_torch_dist(f"{path}-exported")
+    out["bad"] = [
+        f"export: {k}" for k, t in want.items() if t is not None and not torch.equal(bits(back[k]), bits(t))
+    ]
+    shutil.rmtree(f"{path}-exported")
+    return out
 
 
 def _shared(path: str) -> str:
@@ -145,10 +177,12 @@ def main() -> int:
     command = "python benchmarks/bench_megatron.py" + (
         f" --size {args.size}" if args.size != "medium" else ""
     )
-    path = write_results("bench_megatron", rows, {"command": command}, args.out)
+    moved = {k: ranks[0][k] for k in ("import_s", "export_s") if k in ranks[0]}
+    path = write_results("bench_megatron", rows, {"command": command, **moved}, args.out)
     cols = ["change", "state_MB", "tenplex_save_s", "tenplex_load_s", "megatron_save_s", "megatron_load_s",
             "x_megatron", "first_megatron_save_s", "first_x_megatron"]  # fmt: skip
     print_rows(f"Megatron resharding ({path})", rows, cols)
+    print("without the model, one process:", ", ".join(f"{k} {v:.3f}" for k, v in moved.items()))
     return 0 if all(not r["bad"] for r in rows) else 1
 
 

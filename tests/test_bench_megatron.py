@@ -33,7 +33,9 @@ def test_both_paths_reshard_the_same_state_bit_for_bit_and_are_timed(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=110)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    rows = json.loads(out.read_text())["rows"]
+    doc = json.loads(out.read_text())
+    assert doc["import_s"] > 0 and doc["export_s"] > 0  # the exported folder was checked: in the rows' bad
+    rows = doc["rows"]
     assert [r["change"] for r in rows] == ["tp2 → dp2 × tp1", "tp2 → pp2"]
     for r in rows:
         assert r["bad"] == [] and r["rounds"] == 2 and r["state_MB"] > 0.1

@@ -26,7 +26,7 @@ import megatron_cpu as mc
 import tenplex
 from launch import write_result
 from tenplex.integrations.megatron import model_state
-from tenplex.integrations.megatron_checkpoint import read_torch_dist
+from tenplex.integrations.megatron_checkpoint import import_checkpoint, read_torch_dist
 from tenplex.integrations.megatron_train import MegatronState
 from tenplex.ptc import TenplexError
 from tenplex.transformer.durable import assemble
@@ -193,6 +193,7 @@ def refusals() -> dict[str, str]:
         "shape": lambda: tenplex.load(
             {"model": model_state(mc.tiny_gpt(2, 1, seed=0, hidden=48))}, JOB, step=1
         ),
+        "import in a group": lambda: import_checkpoint(f"{os.environ['TENPLEX_TEST_DIR']}/tp2", JOB + "-x"),
         "layers": lambda: tenplex.load(
             {"model": model_state(mc.tiny_gpt(2, 1, seed=0, layers=3))}, JOB, step=1
         ),

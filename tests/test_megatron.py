@@ -32,6 +32,8 @@ def test_state_moments_and_torch_dist_checkpoints_reshard_bit_for_bit(store, tmp
     refused = out[0]["refusals"]
     assert refused["object"].startswith("MegatronLayoutError") and "is an object (dict)" in refused["object"]
     assert refused["shape"].startswith("ShapeMismatchError"), refused
+    group = refused["import in a group"]  # not a hang: the import is for one process
+    assert group.startswith("MegatronCheckpointError") and "from one process" in group, refused
     # a third layer: its objects are named by the layer count (shard_0_3) before any shape is compared
     assert refused["layers"].startswith("KeyMismatchError") and "shard_0_3" in refused["layers"], refused
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
@@ -102,6 +103,11 @@ def import_checkpoint(
     `{"model": model_state(model)}` loads in any layout. The step saved."""
     if not Path(folder).is_dir():
         raise MegatronCheckpointError(f"{folder}: no such folder")
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        raise MegatronCheckpointError(
+            "import a checkpoint from one process (as `tenplex import megatron` does): in a process group "
+            f"of {dist.get_world_size()} ranks the save would wait for the others"
+        )
     items = read_torch_dist(folder)
     if step is None:
         m = re.fullmatch(r"iter_(\d+)", Path(folder).resolve().name)

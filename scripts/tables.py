@@ -480,6 +480,24 @@ TABLES: dict[str, Table] = {
         SNAPSHOT,
         after=on_device,
     ),
+    "megatron": Table(
+        "bench_megatron.json",
+        "python benchmarks/bench_megatron.py",
+        (
+            ("change", key("change")),
+            ("state (MB)", key("state_MB")),
+            *plain("tenplex_save_s tenplex_load_s megatron_save_s megatron_load_s x_megatron"),
+            ("first: megatron_save_s", key("first_megatron_save_s")),
+            ("first: x_megatron", key("first_x_megatron")),
+        ),
+        after=lambda doc: (
+            "\nWithout the model, on the last tp 2 checkpoint, each a command of its own (the interpreter's "
+            f"and torch's start included): `tenplex import megatron` {num(doc.get('import_s'))} s, "
+            f"`tenplex export megatron` {num(doc.get('export_s'))} s.\n"
+            if "import_s" in doc
+            else ""
+        ),
+    ),
     "cuda": Table(
         "bench_cuda.json",
         "python benchmarks/bench_cuda.py --size 2",

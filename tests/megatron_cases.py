@@ -1,36 +1,38 @@
 """Worker for tests/test_megatron.py: a tiny Megatron-core GPTModel resharded on 2 gloo ranks.
 
-(tp 2) saved through tenplex and through Megatron's `dist_checkpointing` (torch_dist); loaded at (dp 2,
-tp 1) and at (pp 2) by both, bit for bit against each other and against the source's full tensors; the
-(pp 2) state saved and loaded back at (tp 2). Then what tenplex must refuse, each a TenplexError.
+The reference is Megatron's own: the (tp 2) model saved with `dist_checkpointing` (torch_dist) and read
+back whole (`read_torch_dist`, keys and global shapes as the checkpoint holds them). tenplex's save at (tp 2)
+is loaded at (dp 2, tp 1) and at (pp 2), bit for bit against it, as is Megatron's own load; the (pp 2)
+state goes back to (tp 2). AdamW moments across a TP change. The torch_dist folder goes through the CLI
+(`tenplex import megatron`, then `tenplex export megatron` and `tenplex export dcp`, real subprocesses)
+into jobs at (pp 2) and (dp 2) and back to Megatron's and torch's loaders. Then what tenplex must refuse.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 import traceback
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from megatron.core import dist_checkpointing, parallel_state
-from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
-from torch.distributed.tensor import DTensor
+from megatron.core.dist_checkpointing.mapping import ShardedObject
 
 import megatron_cpu as mc
 import tenplex
 from launch import write_result
 from tenplex.integrations.megatron import model_state
-from tenplex.integrations.megatron_checkpoint import export_torch_dist, import_torch_dist
+from tenplex.integrations.megatron_checkpoint import import_checkpoint, read_torch_dist
 from tenplex.integrations.megatron_train import MegatronState
 from tenplex.ptc import TenplexError
+from tenplex.transformer.durable import assemble
+from tenplex.transformer.shards import PIECE
 
 JOB = "megatron-test"
-
-
-def full(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Every tensor whole (a DTensor gathered over its TP group), copied."""
-    return {n: (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone() for n, t in state.items()}
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -38,19 +40,30 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def differ(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], what: str) -> list[str]:
-    """Names whose whole tensors are not bitwise equal (or missing); `got` covers this rank's stage."""
-    bad = [f"{n}: {what}: missing" for n in got if n not in want]
-    return bad + [
-        f"{n}: {what}" for n, t in full(got).items() if n in want and not torch.equal(bits(t), bits(want[n]))
-    ]
+    """Names whose box on this rank is not bitwise equal to that box of the whole tensor in `want`."""
+    bad = []
+    for name, t in got.items():
+        if name not in want:
+            bad.append(f"{name}: {what}: missing")
+            continue
+        _, start = getattr(t, PIECE)
+        region = want[name][tuple(slice(a, a + n) for a, n in zip(start, t.shape))]
+        if not torch.equal(bits(t), bits(region)):
+            bad.append(f"{name}: {what}")
+    return bad
 
 
-def scribbled(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Every tensor filled with -1, so that a tensor the load does not write is seen."""
+def tensors(model) -> dict[str, torch.Tensor]:
+    """The model's tensors as tenplex names them, freshly taken from its parameters."""
+    return model_state(model).tensors
+
+
+def scribbled(model):
+    """Every parameter filled with -1, so that a tensor the load does not write is seen."""
     with torch.no_grad():
-        for t in state.values():
-            (t.to_local() if isinstance(t, DTensor) else t).fill_(-1.0)
-    return state
+        for p in model.parameters():
+            p.fill_(-1.0)
+    return model
 
 
 def timed(fn, *args, **kwargs) -> float:
@@ -61,40 +74,54 @@ def timed(fn, *args, **kwargs) -> float:
     return time.perf_counter() - start
 
 
-def megatron_load(tp: int, pp: int, path: str, seed: int) -> dict[str, torch.Tensor]:
+def megatron_load(tp: int, pp: int, path: str, seed: int):
     """A fresh model of the layout filled by Megatron's own `dist_checkpointing.load`."""
     model = mc.tiny_gpt(tp, pp, seed)
     model.load_state_dict(dist_checkpointing.load(model.sharded_state_dict(), path))
-    return model_state(model)
+    return model
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tenplex.cli.main", *args], capture_output=True, text=True)
+
+
+def on_rank0(*args: str) -> list[str]:
+    """The command run by rank 0 (the others wait); its failure as a bad entry."""
+    bad = []
+    if dist.get_rank() == 0:
+        r = cli(*args)
+        if r.returncode != 0:
+            bad.append(f"tenplex {' '.join(args[:2])}: rc {r.returncode}: {r.stderr.strip()[-400:]}")
+    dist.barrier()
+    return bad
 
 
 def reshard(path: str) -> dict:
     bad: list[str] = []
-    unlike: dict[str, int] = {}  # the targets' tensors equal to the source's before the load: -0
+    unlike: dict[str, int] = {}  # the targets' tensors equal to the reference before the load: 0
     mc.init_parallel(tp=2)
-    source = model_state(mc.tiny_gpt(2, 1, seed=0))
-    want = full(source)
-    seconds = {"tenplex save": timed(tenplex.save, {"model": source, "step": 1}, JOB, 1)}
-    seconds["megatron save"] = timed(
-        dist_checkpointing.save, mc.tiny_gpt(2, 1, seed=0).sharded_state_dict(), path
-    )
+    source = mc.tiny_gpt(2, 1, seed=0)
+    seconds = {"megatron save": timed(dist_checkpointing.save, source.sharded_state_dict(), path)}
+    want = read_torch_dist(path)
+    bad += differ(tensors(source), want, "source against Megatron's checkpoint")
+    seconds["tenplex save"] = timed(tenplex.save, {"model": model_state(source)}, JOB, 1)
     for tp, pp in ((1, 1), (1, 2)):
         mc.init_parallel(tp=tp, pp=pp)
-        target = scribbled(model_state(mc.tiny_gpt(tp, pp, seed=1)))
-        unlike[f"tp{tp} pp{pp}"] = len(differ(target, want, "before the load")) - len(target)
+        target = scribbled(mc.tiny_gpt(tp, pp, seed=1))
+        unlike[f"tp{tp} pp{pp}"] = len(differ(tensors(target), want, "before")) - len(tensors(target))
         seconds[f"tenplex load tp{tp} pp{pp}"] = timed(
-            tenplex.load, {"model": target, "step": 0}, JOB, step=1
+            tenplex.load, {"model": model_state(target)}, JOB, step=1
         )
-        bad += differ(target, want, f"tenplex tp2 -> tp{tp} pp{pp}")
+        bad += differ(tensors(target), want, f"tenplex tp2 -> tp{tp} pp{pp}")
         start = time.perf_counter()
         theirs = megatron_load(tp, pp, path, seed=2)
         seconds[f"megatron load tp{tp} pp{pp} (with a model build)"] = time.perf_counter() - start
-        bad += differ(theirs, full(target), f"dist_checkpointing tp{tp} pp{pp}")
-    tenplex.save({"model": target, "step": 2}, JOB, 2)  # the (pp 2) state
+        bad += differ(tensors(theirs), want, f"dist_checkpointing tp{tp} pp{pp}")
+    tenplex.save({"model": model_state(target)}, JOB, 2)  # the (pp 2) state
     mc.init_parallel(tp=2)
-    back = scribbled(model_state(mc.tiny_gpt(2, 1, seed=3)))
-    tenplex.load({"model": back, "step": 0}, JOB, step=2)
-    bad += differ(back, want, "tenplex pp2 -> tp2")
+    back = scribbled(mc.tiny_gpt(2, 1, seed=3))
+    tenplex.load({"model": model_state(back)}, JOB, step=2)
+    bad += differ(tensors(back), want, "tenplex pp2 -> tp2")
     return {"bad": bad, "names": sorted(want), "unlike": unlike, "seconds": seconds}
 
 
@@ -109,46 +136,67 @@ def trained(tp: int, seed: int) -> MegatronState:
     return MegatronState(model, opt)
 
 
-def optimizer_moves() -> list[str]:
+def optimizer_moves(root: str) -> list[str]:
     """MegatronState (model + AdamW moments and steps) saved at (tp 2), loaded at (dp 2, tp 1) into a
-    model after another step: bit for bit."""
+    model after another step: bit for bit against the saved snapshot, read whole. Its model exported by the
+    CLI as torch_dist (the moments left out) and read by Megatron at (tp 2)."""
     mc.init_parallel(tp=2)
-    source = trained(2, seed=0)()
-    want = {k: full(source[k]) for k in ("model", "optim")}
-    tenplex.save(source, JOB + "-optim", 1)
+    tenplex.save(trained(2, seed=0)(), JOB + "-optim", 1)
+    _, _, saved = assemble(JOB + "-optim")
     mc.init_parallel(tp=1)
-    target = trained(1, seed=1)()
-    tenplex.load(target, JOB + "-optim")
-    return [b for k in ("model", "optim") for b in differ(target[k], want[k], f"{k} tp2 -> tp1")]
+    state = trained(1, seed=1)
+    tenplex.load(state(), JOB + "-optim")
+    after = state()  # taken afresh from the parameters and the optimizer: the stacked copies written back
+    bad = [
+        b for k in ("model", "optim") for b in differ(after[k].tensors, strip(saved, k), f"{k} tp2 -> tp1")
+    ]
+    bad += on_rank0("export", "megatron", f"{root}/from-state", "--job", JOB + "-optim")
+    mc.init_parallel(tp=2)
+    theirs = megatron_load(2, 1, f"{root}/from-state", seed=4)
+    return bad + differ(tensors(theirs), strip(saved, "model"), "MegatronState exported, Megatron's load")
+
+
+def strip(saved: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    return {n[len(prefix) + 1 :]: t for n, t in saved.items() if n.startswith(prefix + ".")}
 
 
 def checkpoint_round_trip(root: str) -> list[str]:
-    """The (tp 2) torch_dist checkpoint imported at (dp 2, tp 1), exported at (pp 2), read by Megatron at
-    (tp 2): the source's tensors bit for bit."""
-    mc.init_parallel(tp=1)
-    import_torch_dist(mc.tiny_gpt(1, 1, seed=5), f"{root}/tp2", JOB + "-import", 1)
-    mc.init_parallel(tp=1, pp=2)
-    export_torch_dist(mc.tiny_gpt(1, 2, seed=6), JOB + "-import", f"{root}/exported")
+    """The (tp 2) torch_dist folder imported by the CLI, loaded at (pp 2) and at (dp 2, tp 1), exported by
+    the CLI as torch_dist (read by Megatron at (tp 2)) and as DCP (read by torch): bit for bit."""
+    want = read_torch_dist(f"{root}/tp2")
+    job = JOB + "-import"
+    bad = on_rank0("import", "megatron", f"{root}/tp2", "--job", job, "--step", "3")
+    for tp, pp in ((1, 2), (1, 1)):
+        mc.init_parallel(tp=tp, pp=pp)
+        target = scribbled(mc.tiny_gpt(tp, pp, seed=5))
+        # a MegatronState job's model, before its optimizer has state (the import holds none)
+        state = MegatronState(target, torch.optim.AdamW(target.parameters()))
+        tenplex.load({"model": state()["model"]}, job)
+        state.start_fresh()
+        bad += differ(tensors(target), want, f"imported, loaded at tp{tp} pp{pp}")
+    bad += on_rank0("export", "megatron", f"{root}/exported", "--job", job)
     mc.init_parallel(tp=2)
-    want = full(model_state(mc.tiny_gpt(2, 1, seed=0)))
-    return differ(megatron_load(2, 1, f"{root}/exported", seed=7), want, "import tp1, export pp2, load tp2")
-
-
-def load_into(model) -> None:
-    tenplex.load({"model": model_state(model), "step": 0}, JOB, step=1)
+    bad += differ(tensors(megatron_load(2, 1, f"{root}/exported", seed=7)), want, "exported, Megatron's load")
+    bad += on_rank0("export", "dcp", f"{root}/dcp", "--job", job)
+    if dist.get_rank() == 0:
+        read = {f"model.{k}": torch.zeros_like(t) for k, t in want.items() if isinstance(t, torch.Tensor)}
+        dcp.load(read, checkpoint_id=f"{root}/dcp", no_dist=True)
+        bad += [f"{n}: export dcp" for n, t in read.items() if not torch.equal(bits(t), bits(want[n[6:]]))]
+    return bad
 
 
 def refusals() -> dict[str, str]:
     """Each case's error class and message (TenplexError expected), with the (tp 2) layout."""
     mc.init_parallel(tp=2)
-    sd = mc.tiny_gpt(2, 1, seed=0).sharded_state_dict()
-    st = sd["embedding.word_embeddings.weight"]
-    other = 1 - parallel_state.get_tensor_model_parallel_rank()  # the other rank's rows claimed
     cases = {
         "object": lambda: model_state({"o": ShardedObject("o", {"a": 1}, (1,), (0,))}),
-        "offset": lambda: model_state({"w": ShardedTensor.from_rank_offsets(st.key, st.data, (0, other, 2))}),
-        "shape": lambda: load_into(mc.tiny_gpt(2, 1, seed=0, hidden=48)),
-        "unknown key": lambda: load_into(mc.tiny_gpt(2, 1, seed=0, layers=3)),
+        "shape": lambda: tenplex.load(
+            {"model": model_state(mc.tiny_gpt(2, 1, seed=0, hidden=48))}, JOB, step=1
+        ),
+        "import in a group": lambda: import_checkpoint(f"{os.environ['TENPLEX_TEST_DIR']}/tp2", JOB + "-x"),
+        "layers": lambda: tenplex.load(
+            {"model": model_state(mc.tiny_gpt(2, 1, seed=0, layers=3))}, JOB, step=1
+        ),
     }
     out = {}
     for case, fn in cases.items():
@@ -170,7 +218,7 @@ def main() -> None:
         os.makedirs(f"{root}/tp2", exist_ok=True)
         result = reshard(f"{root}/tp2")
         result["refusals"] = refusals()
-        result["optimizer_bad"] = optimizer_moves()
+        result["optimizer_bad"] = optimizer_moves(root)
         result["checkpoint_bad"] = checkpoint_round_trip(root)
     except Exception:
         result = {"error": traceback.format_exc()}

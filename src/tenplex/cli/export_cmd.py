@@ -1,5 +1,7 @@
-"""`tenplex export`: a job's snapshot in the stores written in a framework's own checkpoint format, for the
-framework's own loader. DeepSpeed's universal checkpoint for now (tenplex.integrations.deepspeed_export)."""
+"""`tenplex export`: a job's snapshot written out in a framework's own checkpoint format, for the framework's
+own loader: PyTorch DCP for any job (the durable tier's writer, `tenplex.transformer.persist`), Megatron's
+torch_dist (tenplex.integrations.megatron_checkpoint) and DeepSpeed's universal checkpoint
+(tenplex.integrations.deepspeed_export)."""
 
 from __future__ import annotations
 
@@ -7,17 +9,65 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="a job's snapshot from the stores, in a framework's checkpoint format")
+    p = sub.add_parser("export", help="a job's snapshot from the stores into a framework's checkpoint format")
     frameworks = p.add_subparsers(dest="framework", required=True)
-    ds = frameworks.add_parser(
+    register_dcp(frameworks)
+    register_megatron(frameworks)
+    register_deepspeed(frameworks)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--job", required=True, help="the job whose snapshot is written")
+    p.add_argument(
+        "--step", type=int, default=None, help="the snapshot's step (default: the newest committed)"
+    )
+    p.add_argument("--store", default=None, help="store URL (default $TENPLEX_STORE or the local store)")
+
+
+def register_dcp(frameworks: argparse._SubParsersAction) -> None:
+    p = frameworks.add_parser(
+        "dcp", help="any job's snapshot as a DCP checkpoint (torch.distributed.checkpoint.load reads it)"
+    )
+    p.add_argument("folder", help="the checkpoint folder to write (replaced atomically if it exists)")
+    _common(p)
+    p.set_defaults(func=run_dcp)
+
+
+def run_dcp(args: argparse.Namespace) -> int:
+    from ..transformer import persist  # torch: only when the command runs
+
+    out = persist(args.job, args.step, args.folder, store=args.store)
+    print(f"exported job {args.job} step {out['step']} to {args.folder} ({out['bytes']} bytes of tensors)")
+    return 0
+
+
+def register_megatron(frameworks: argparse._SubParsersAction) -> None:
+    p = frameworks.add_parser(
+        "megatron",
+        help="a Megatron model's snapshot as a torch_dist checkpoint (dist_checkpointing.load reads it)",
+    )
+    p.add_argument("folder", help="the checkpoint folder to write (must not exist)")
+    _common(p)
+    p.set_defaults(func=run_megatron)
+
+
+def run_megatron(args: argparse.Namespace) -> int:
+    from ..integrations.megatron_checkpoint import export_checkpoint  # torch: only when the command runs
+
+    out = export_checkpoint(args.job, args.folder, step=args.step, store=args.store)
+    left = f"; left out (not a model tensor): {len(out['left_out'])}" if out["left_out"] else ""
+    print(f"exported job {args.job} step {out['step']} to {args.folder} ({out['tensors']} tensors{left})")
+    return 0
+
+
+def register_deepspeed(frameworks: argparse._SubParsersAction) -> None:
+    p = frameworks.add_parser(
         "deepspeed",
         help="a snapshot saved with DeepSpeedState as a DeepSpeed universal checkpoint (load_universal)",
     )
-    ds.add_argument("folder", help="where global_stepN/ and latest_universal are written")
-    ds.add_argument("--job", required=True, help="the job whose snapshot is exported")
-    ds.add_argument("--step", type=int, default=None, help="the snapshot's step (default: the newest)")
-    ds.add_argument("--store", default=None, help="store URL (default $TENPLEX_STORE or the local store)")
-    ds.set_defaults(func=run_deepspeed)
+    p.add_argument("folder", help="where global_stepN/ and latest_universal are written")
+    _common(p)
+    p.set_defaults(func=run_deepspeed)
 
 
 def run_deepspeed(args: argparse.Namespace) -> int:

@@ -2,9 +2,10 @@
 
 Megatron's own optimizer (`DistributedOptimizer`, `Float16OptimizerWithFloat16Params`) and DDP wrapper
 allocate on CUDA; a script that steps a `torch.optim` optimizer over the model's parameters keeps its
-moments parameter-shaped, so each moment takes its parameter's layout: `optim.<state>.<name>`, cut like
-the parameter `<name>` (`tenplex.integrations.megatron`). The names are the same in every TP/PP/DP
-layout, so the moments reshard with the weights.
+moments parameter-shaped, so each moment takes its parameter's layout: `optim.<state>.<key>`, cut like
+the parameter's checkpoint key `<key>` (`tenplex.integrations.megatron`); a scalar state (Adam's step) is
+one element per stacked layer. The names are the same in every TP/PP/DP layout, so the moments reshard
+with the weights.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
 
-from .megatron import MegatronLayoutError, as_tensors, sharded_tensors
+from .megatron import MegatronLayoutError, ModelPieces, sharded_tensors
 
 
 def tiny_gpt(tp: int, pp: int = 1, *, hidden: int = 32, layers: int = 2, heads: int = 4, vocab: int = 128,
@@ -51,21 +52,21 @@ def tiny_gpt(tp: int, pp: int = 1, *, hidden: int = 32, layers: int = 2, heads: 
 
 class MegatronState:
     """`state()` is the job's state dict (`model`, `optim` and the stateful `extra`, e.g. the sampler);
-    `restore(state)` is a no-op (every tensor was loaded in place, the sampler through its own
-    `load_state_dict`); `start_fresh()` clears the optimizer state `state()` had to create."""
+    `restore(state)` is a no-op (every tensor was loaded into the model and optimizer by the load itself,
+    the sampler through its own `load_state_dict`); `start_fresh()` clears the optimizer state `state()` had
+    to create."""
 
-    def __init__(self, model: Any, optimizer: torch.optim.Optimizer, group: Any = None, **extra: Any) -> None:
-        self.model, self.optimizer, self.group, self.extra = model, optimizer, group, extra
+    def __init__(self, model: Any, optimizer: torch.optim.Optimizer, **extra: Any) -> None:
+        self.model, self.optimizer, self.extra = model, optimizer, extra
         self._created_optimizer_state = False
 
     def __call__(self) -> dict[str, Any]:
         if not self.optimizer.state:
             _create_state(self.optimizer)
             self._created_optimizer_state = True
-        sharded = sharded_tensors(self.model)
-        moments, scalars = _moments(sharded, self.optimizer)
-        optim = {**as_tensors(moments, self.group), **scalars}
-        return {"model": as_tensors(sharded, self.group), "optim": optim, **self.extra}
+        sharded, objects = sharded_tensors(self.model)
+        moments = ModelPieces(_moments(sharded, self.optimizer), [])
+        return {"model": ModelPieces(sharded, objects), "optim": moments, **self.extra}
 
     def restore(self, state: dict[str, Any]) -> None:
         pass
@@ -77,30 +78,38 @@ class MegatronState:
             self._created_optimizer_state = False
 
 
-def _moments(
-    sharded: dict[str, ShardedTensor], optimizer: torch.optim.Optimizer
-) -> tuple[dict[str, ShardedTensor], dict[str, torch.Tensor]]:
-    """Every parameter's optimizer state: the parameter-shaped as ShardedTensors cut like the parameter,
-    the scalars (Adam's step: the same on every rank holding the parameter) as they are."""
-    by_storage = {st.data.data_ptr(): (name, st) for name, st in sharded.items()}
-    out, scalars = {}, {}
+STACKED = ("global_shape", "global_offset", "axis_fragmentations")  # what a per-layer scalar keeps
+
+
+def _moments(sharded: list[ShardedTensor], optimizer: torch.optim.Optimizer) -> list[ShardedTensor]:
+    """Every parameter's optimizer state as ShardedTensors keyed `<state>.<parameter's key>`: the
+    parameter-shaped cut like the parameter, a scalar (Adam's step) as one element per stacked layer
+    (global shape: the key's stacked axes)."""
+    by_storage = {st.data.data_ptr(): st for st in sharded}
+    out = []
     for group in optimizer.param_groups:
         for p in group["params"]:
-            if p.data_ptr() not in by_storage:
+            st = by_storage.get(p.data_ptr())
+            if st is None:
                 raise MegatronLayoutError(
                     f"an optimizer parameter of shape {list(p.shape)} is in no ShardedTensor of the model"
                 )
-            name, st = by_storage[p.data_ptr()]
             for key, value in optimizer.state.get(p, {}).items():
+                name = f"{key}.{st.key}"
                 if not isinstance(value, torch.Tensor):
-                    raise MegatronLayoutError(f"optimizer state {key!r} of {name} is not a tensor")
+                    raise MegatronLayoutError(f"optimizer state {name!r} is not a tensor")
                 if value.shape == p.shape:
-                    out[f"{key}.{name}"] = dataclasses.replace(st, key=f"optim.{key}.{st.key}", data=value)
+                    out.append(dataclasses.replace(st, key=name, data=value))
                 elif value.dim() == 0:
-                    scalars[f"{key}.{name}"] = value
+                    k = st.prepend_axis_num  # the stacked axes only: one element per layer
+                    cut = {
+                        f: getattr(st, f)[:k]
+                        for f in ("global_shape", "global_offset", "axis_fragmentations")
+                    }
+                    out.append(dataclasses.replace(st, key=name, data=value, local_shape=(), **cut))
                 else:
-                    raise MegatronLayoutError(f"optimizer state {key!r} of {name} is {list(value.shape)}")
-    return out, scalars
+                    raise MegatronLayoutError(f"optimizer state {name!r} is {list(value.shape)}")
+    return out
 
 
 def _create_state(optimizer: torch.optim.Optimizer) -> None:

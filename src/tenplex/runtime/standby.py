@@ -24,6 +24,7 @@ from typing import Any
 from ..ptc import TenplexError
 from ..util.collector import freeze_imports
 from .channel import Channel, tell
+from .preload import preload
 from .zygote import Forked, Zygote, die_with, serve_forks
 
 
@@ -171,29 +172,6 @@ def _become(role: dict[str, Any], previous: set[str]) -> int:
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-
-
-_preloaded = False  # a fork of a zygote that preloaded has it all: it inherits the flag with the rest
-
-
-def preload() -> None:
-    """What a rank would otherwise import while the job waits, and DTensor's one-time costs of a rank's
-    first tensor-parallel build and step (`train.warmup`; `benchmarks/bench_warmup.py` measures both)."""
-    global _preloaded
-    if _preloaded:
-        return
-    import torch
-    import torch.distributed.checkpoint
-    import torch.distributed.fsdp
-    import torch.distributed.pipelining
-    import torch.distributed.tensor.parallel  # noqa: F401
-
-    import tenplex.runtime.job
-    import tenplex.runtime.reference_rank  # noqa: F401
-    from tenplex.train.warmup import warm_up
-
-    warm_up()
-    _preloaded = True
 
 
 def serve() -> int:

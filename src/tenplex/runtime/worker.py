@@ -24,8 +24,8 @@ import traceback
 from datetime import timedelta
 
 from ..util.collector import freeze_imports
+from .preload import preload
 from .rounds import AgentError, Round, agent_store, ended_at_last_step, forget_end, has, worker_agent
-from .standby import preload
 
 COMMIT_GRACE_S = 2.0
 # after a round broke (a collective failed: a host was lost), briefly: the commit under way most likely

@@ -103,6 +103,10 @@ def test_agents_join_lose_a_host_rejoin_and_leave(tmp_path, static) -> None:
     failed = [r for r in _records(tmp_path / "A") if r["kind"] == "worker_failed"]
     replaced = [r for r in failed if r["outcome"] != "error"]
     assert len(a_pids) == 2 + len(replaced), (a_pids, replaced)
+    # the lost host was found at once (its store refused, or its address was unreachable), not after its
+    # heartbeats lapsed: the next round formed without waiting for them
+    found = [r for r in _records(tmp_path / "A") if r["kind"] == "found_lost"]
+    assert [r["store"] for r in found] == [seen["b_url"]], found
     # the recovery after the loss names the lost store and loaded a snapshot no older than needed
     recovered = next(r for r in rs if r["start"]["time"] > seen["lost_at"])
     assert seen["b_url"] in recovered["start"]["lost_stores"], recovered["start"]

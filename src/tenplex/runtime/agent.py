@@ -34,7 +34,7 @@ from . import rendezvous
 from .agentconfig import AgentConfig
 from .beacon import Beacon
 from .durable_tier import EveryNth
-from .record_types import Change, End, Left, RoundFormed, RoundLoaded, Store
+from .record_types import Change, End, FoundLost, Left, RoundFormed, RoundLoaded, Store
 from .records import Records
 from .rounds import AgentError, Round, StoreEntry, has, job_key, known_stores, register_store
 from .workers import Workers
@@ -252,7 +252,7 @@ class Agent:
         gone = {i for i, url in enumerate(rnd.stores) if url != self.entry.url and refuses(url)}
         for i in sorted(gone):
             self.base.set(job_key(self.cfg.run_id, "lost", rnd.number, rnd.stores[i]), "1")
-            log.warning("round %d: the store of %s refuses connections: lost", rnd.number, rnd.stores[i])
+            self.records.write(FoundLost(rnd.number, rnd.stores[i]))
         if gone:
             rendezvous.drop(self.handler, gone)
 

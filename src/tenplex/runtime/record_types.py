@@ -356,6 +356,13 @@ class Change(Record):
 
 
 @dataclass(frozen=True)
+class FoundLost(Record):
+    kind = Kind.FOUND_LOST  # a member's store refused or its host was unreachable: out of the rendezvous
+    round: int
+    store: str
+
+
+@dataclass(frozen=True)
 class RoundLoaded(Record):
     kind = Kind.LOADED  # in agent.jsonl: the round's ranks loaded
     round: int

@@ -60,6 +60,7 @@ class Kind(StrEnum):
     WARM = "warm"
     ROUND = "round"
     CHANGE = "change"
+    FOUND_LOST = "found_lost"
     WORKER_FAILED = "worker_failed"
     LEFT = "left"
     END = "end"

@@ -17,7 +17,6 @@ from importlib import resources
 from typing import Any
 
 import numpy as np
-from scipy.optimize import nnls
 
 from ..ptc import GPTConfig, ModelSpec, PTCError, preset
 from ..ptc.layout import Layout, layouts
@@ -101,6 +100,8 @@ class CostModel:
                 for r in rows
             ]
         )
+        from scipy.optimize import nnls  # only where a model is fitted: a seconds-long import on few cores
+
         y = np.array([r["step_time_s"] for r in rows])
         return cls(nnls(X / y[:, None], np.ones(len(y)))[0], cores)  # relative error: each row counts alike
 

@@ -12,12 +12,14 @@ def preload() -> None:
     global _preloaded
     if _preloaded:
         return
+    import scipy.optimize  # noqa: F401 - the chooser's fit, where a rank chooses its layout without a table
     import torch
     import torch.distributed.checkpoint
     import torch.distributed.fsdp
     import torch.distributed.pipelining
     import torch.distributed.tensor.parallel  # noqa: F401
 
+    import tenplex.runtime.chooser
     import tenplex.runtime.job
     import tenplex.runtime.reference_rank  # noqa: F401
     from tenplex.train.warmup import warm_up

@@ -295,6 +295,21 @@ def paths(per_rank: list[dict]) -> dict:
             "huge_pages": all(p["huge_pages"] for p in seen)}  # fmt: skip
 
 
+def central_part(row: dict, reps: list[list[dict]], shaped_bw: float | None) -> None:
+    """Central mode's figures into `row` (a case that ran it)."""
+    central_save, central = slowest(reps, "central_save"), slowest(reps, "central_load")
+    central_local = slowest(reps, "central_local_load")
+    total = row["total_s"]
+    row.update(central_save_s=central_save, central_load_s=central, central_total_s=central_save + central,
+               central_local_load_s=central_local, x_central=(central_save + central) / total,
+               x_central_load=(row["save_s"] + central_local) / total)  # fmt: skip
+    for key in ("central_save", "central_load", "central_local_load"):
+        row["reps"][f"{key}_s"] = each_rep(reps, key)
+    if shaped_bw:  # central mode's save and load run one after the other, so their busiest links add up
+        busiest_c = sum(busiest_link(nic_by_host(reps[0], f"nic_{m}")) for m in ("central_save", "central"))
+        row.update(central_busiest_GB=busiest_c / 1e9, central_bound_s=busiest_c / shaped_bw)
+
+
 def summarise(ranks: list[dict], bw: dict[str, float], shaped_bw: float | None = None) -> dict:
     """One case's row; `bw`: the floors' bytes per second (memcpy, socket, checksum, copy_hash)."""
     case = ranks[0]["case"]
@@ -306,16 +321,10 @@ def summarise(ranks: list[dict], bw: dict[str, float], shaped_bw: float | None =
     plan = next(r["plan_bytes"] for r in per_rank if "plan_bytes" in r)
     saved = sum(r["saved_bytes"] for r in per_rank)
     save, load = slowest(reps, "save"), slowest(reps, "load")
-    central_save, central = slowest(reps, "central_save"), slowest(reps, "central_load")
-    central_local = slowest(reps, "central_local_load")
     total = save + load
     local = saved + moved["kept"] + moved["same_host"] + moved["relayed"]
     nic = nic_by_host(per_rank, "nic_load")
     busiest = busiest_link(nic)
-    # central mode's save and load run one after the other, so their busiest links' times add up
-    busiest_c = busiest_link(nic_by_host(per_rank, "nic_central_save")) + busiest_link(
-        nic_by_host(per_rank, "nic_central")
-    )
     if shaped_bw:  # namespace hosts: the busiest shaped link bounds the cross-host part
         cross = busiest / shaped_bw
     else:
@@ -342,26 +351,16 @@ def summarise(ranks: list[dict], bw: dict[str, float], shaped_bw: float | None =
         "cross_GB": moved["cross_host"] / gb,
         "cross_lb_GB": plan["cross_host_lower_bound"] / gb,
         "plan": plan,
-        "central_save_s": central_save,
-        "central_load_s": central,
-        "central_total_s": central_save + central,
-        "central_local_load_s": central_local,
         "floor_s": floor,
-        "x_central": (central_save + central) / total,
-        "x_central_load": (save + central_local) / total,
         "x_floor": total / floor,
         "floor_verified_s": floor_verified,
         "x_floor_verified": total / floor_verified,
-        "reps": {
-            "save_s": each_rep(reps, "save"),
-            "load_s": each_rep(reps, "load"),
-            "central_save_s": each_rep(reps, "central_save"),
-            "central_load_s": each_rep(reps, "central_load"),
-            "central_local_load_s": each_rep(reps, "central_local_load"),
-        },
+        "reps": {"save_s": each_rep(reps, "save"), "load_s": each_rep(reps, "load")},
         "paths": paths(per_rank),
         "bad": sorted({b for pr in reps for r in pr for k in ("bad", "bad_central") for b in r.get(k, [])}),
     }
+    if any("central_save" in r for r in per_rank):
+        central_part(row, reps, shaped_bw)
     reps_load = each_rep(reps, "load")
     best = min(range(len(reps)), key=lambda i: each_rep(reps, "save")[i] + reps_load[i])
     for kind in ("save", "load"):  # seconds by phase: the slowest rank per phase, best and first repetition
@@ -378,9 +377,7 @@ def summarise(ranks: list[dict], bw: dict[str, float], shaped_bw: float | None =
         row.update(
             nic_gbps_measured=shaped_bw * 8 / 1e9,
             busiest_GB=busiest / gb,
-            central_busiest_GB=busiest_c / gb,
             cross_bound_s=bound,
-            central_bound_s=busiest_c / shaped_bw,
             cross_s=cross,
             x_cross_bound=cross / bound if busiest else None,
             x_load_bound=reps_load[best] / bound if busiest else None,
@@ -511,6 +508,35 @@ def one_vs_two_host_saves(rows: list[dict]) -> dict[str, float]:
     return {c: saves[(c, 1)] / saves[(c, 2)] for c, h in saves if h == 1 and (c, 2) in saves}
 
 
+def floors(procs: int) -> dict[str, float | list[float]]:
+    """Bytes per second on `procs` cores. The socket: the best of 1 up to `procs` streams at once (one stream
+    leaves a core idle); each count is kept, as is the save's copy with its checksums (copy_hash: what
+    adding the copy's and the checksums' costs in the verified floor stands for)."""
+    streams = [socket_bandwidth(k) for k in range(1, procs + 1)]
+    return {"memcpy": bandwidth("copy", procs), "socket": max(streams), "socket_streams": streams,
+            "checksum": bandwidth("hash", procs), "copy_hash": bandwidth("copy_hash", procs),
+            "memcpy_1core": bandwidth("copy", 1)}  # fmt: skip
+
+
+def best_floors(before: dict, after: dict) -> dict[str, float]:
+    """The better of the two measurements (the machine is shared and noisy)."""
+    return {k: max(before[k], after[k]) for k in ("memcpy", "socket", "checksum", "copy_hash")}
+
+
+def floors_meta(before: dict, after: dict, procs: int) -> dict:
+    """The floors as a results file records them, in GB/s."""
+    return {
+        **{
+            f"{k}_GBps{when}": [x / 1e9 for x in v] if isinstance(v, list) else v / 1e9
+            for when, got in (("", before), ("_after", after))
+            for k, v in got.items()
+            if k != "memcpy_1core"
+        },
+        "floor_cores": procs,  # memcpy, checksum and copy_hash: that many processes at once
+        "memcpy_1core_GBps": max(before["memcpy_1core"], after["memcpy_1core"]) / 1e9,
+    }
+
+
 def shown(f: dict) -> str:
     """The floors of `floors()` in a line."""
     streams = ", ".join(f"{x / 1e9:.2f}" for x in f["socket_streams"])
@@ -552,17 +578,7 @@ def main() -> None:
     # the floor's copies and checksums run on as many cores as the ranks can use (one per rank)
     worlds = [int(h) for h in args.hosts.split(",")] if args.network == "netns" else []
     procs = min(len(os.sched_getaffinity(0)), max([4, *worlds]))  # the cores this run may use
-
-    def floors() -> dict[str, float | list[float]]:
-        """Bytes per second. The socket: the best of 1 up to `procs` streams at once (one stream leaves a
-        core idle); each count is kept, as is the save's copy with its checksums (copy_hash: what adding
-        the copy's and the checksums' costs in the verified floor stands for)."""
-        streams = [socket_bandwidth(k) for k in range(1, procs + 1)]
-        return {"memcpy": bandwidth("copy", procs), "socket": max(streams), "socket_streams": streams,
-                "checksum": bandwidth("hash", procs), "copy_hash": bandwidth("copy_hash", procs),
-                "memcpy_1core": bandwidth("copy", 1)}  # fmt: skip
-
-    before = floors()
+    before = floors(procs)
     print(f"floor on {procs} cores: {shown(before)}", flush=True)
 
     disk = Path(tempfile.mkdtemp(prefix="tenplex-bench-dcp-", dir=disk_root))
@@ -577,9 +593,8 @@ def main() -> None:
         for d in (disk, shm):
             subprocess.run(["rm", "-rf", str(d)], check=False)
     wall = time.perf_counter() - started
-    after = floors()
-    # the floor takes the better of the two measurements (the machine is shared and noisy)
-    best = {k: max(before[k], after[k]) for k in ("memcpy", "socket", "checksum", "copy_hash")}
+    after = floors(procs)
+    best = best_floors(before, after)
     rows = [
         summarise([r[i] for r in run["per_rank"]], best, run.get("shaped_bw"))
         for run in runs
@@ -625,14 +640,7 @@ def main() -> None:
         "model": model,
         "params": cfg.param_count(),
         "pairs": {c["name"]: [c["src"], c["dst"]] for c in cases},
-        **{
-            f"{k}_GBps{when}": [x / 1e9 for x in v] if isinstance(v, list) else v / 1e9
-            for when, got in (("", before), ("_after", after))
-            for k, v in got.items()
-            if k != "memcpy_1core"
-        },
-        "floor_cores": procs,  # memcpy, checksum and copy_hash: that many processes at once
-        "memcpy_1core_GBps": max(before["memcpy_1core"], after["memcpy_1core"]) / 1e9,
+        **floors_meta(before, after, procs),
         "dcp_disk_fs": disk_kind,
         "wall_s": wall,
         "repeat": args.repeat,

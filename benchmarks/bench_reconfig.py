@@ -81,6 +81,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from common import print_rows, write_results
@@ -461,43 +462,66 @@ def reserve_timeout(nbytes: int) -> float:
     return 60 + nbytes / 50e6
 
 
-def run_netns(args, model: dict, disk: Path, shm: Path) -> list[dict]:
-    """One world per host count, every host a shaped namespace host with its own store."""
+def need_netns(who: str) -> None:
     why = netns.unavailable()
     if why:
-        print(f"bench_reconfig: {why}", file=sys.stderr)
+        print(f"{who}: {why}", file=sys.stderr)
         raise SystemExit(2)
-    prefix = netns.prefix_for("benchmarks/bench_reconfig")  # a killed run's namespaces go at the next one
-    probe = int(max(16 << 20, (args.nic_gbps or 2.0) * 1e9 / 8))  # about a second of traffic per host
-    runs = []
+
+
+@contextlib.contextmanager
+def token_dir() -> Iterator[tuple[Path, str]]:
+    """A temporary directory holding a fresh store token in `token` (mode 0600), and the token."""
     with tempfile.TemporaryDirectory(prefix="tenplex-bench-net-") as tmp:
         token = secrets.token_urlsafe(24)
         token_file = Path(tmp) / "token"
         token_file.write_text(token + "\n")
         token_file.chmod(0o600)
+        yield Path(tmp), token
+
+
+def netns_world(net, tmp: Path, token: str, spec: dict, world: int, hosts: int, reserve: list[int],
+                store_memory: str, timeout: float, probe: int) -> dict:  # fmt: skip
+    """`hosts` namespace hosts in `net`, each with its own store, rank r on host r * hosts // world; the
+    links probed before and after the ranks ran. The ranks' results, the shaped bandwidth (bytes/s)."""
+    names = [net.add_host(f"h{i}").name for i in range(hosts)]
+    token_file = str(tmp / "token")
+    urls = [
+        net.start_store(n, token_file, str(tmp / f"store-{hosts}-{n}.log"), store_memory,
+                        ["--reserve", str(r)], reserve_timeout(r))[0]
+        for n, r in zip(names, reserve)
+    ]  # fmt: skip
+    on = [names[r * hosts // world] for r in range(world)]
+    before = ring_bandwidth(net, names, probe)
+    own = [urls[names.index(x)] for x in on]
+    spec = {**spec, "store_a": urls[0], "store_b": urls[-1], "rank_stores": own}
+    per_rank = run_world(spec, timeout, world, net, on, token)
+    after = ring_bandwidth(net, names, probe)
+    shaped = max(min(before.values()), min(after.values()))
+    print(f"  {hosts} hosts: links {shaped * 8 / 1e9:.3f} Gbit/s (slowest host, in parallel)", flush=True)
+    return {"per_rank": per_rank, "shaped_bw": shaped, "ring_GBps": {"before": before, "after": after}}
+
+
+def run_netns(args, model: dict, disk: Path, shm: Path) -> list[dict]:
+    """One world per host count, every host a shaped namespace host with its own store."""
+    need_netns("bench_reconfig")
+    prefix = netns.prefix_for("benchmarks/bench_reconfig")  # a killed run's namespaces go at the next one
+    probe = int(max(16 << 20, (args.nic_gbps or 2.0) * 1e9 / 8))  # about a second of traffic per host
+    runs = []
+    with token_dir() as (tmp, token):
         for h in (int(x) for x in args.hosts.split(",")):
             if h < 2:
                 raise SystemExit("--network netns needs at least 2 hosts")
             world, cases = max(4, h), make_cases(args, h)
             reserve = store_reserves(args, state_bytes(model), len(cases), h)
             print(f"  {h} hosts: store reserves {', '.join(human_bytes(r) for r in reserve)}", flush=True)
+            spec = {"model": model, "disk_dir": str(disk), "shm_dir": str(shm), "cases": cases,
+                    "repeat": args.repeat}  # fmt: skip
             with netns.Network(prefix, gbps=args.nic_gbps, latency_ms=args.nic_latency_ms) as net:
-                names = [net.add_host(f"h{i}").name for i in range(h)]
-                urls = [net.start_store(n, str(token_file), str(Path(tmp) / f"store-{h}-{n}.log"),
-                                        memory_limit=args.store_memory, extra=["--reserve", str(r)],
-                                        timeout=reserve_timeout(r))[0]
-                        for n, r in zip(names, reserve)]  # fmt: skip
-                on = [names[r * h // world] for r in range(world)]
-                before = ring_bandwidth(net, names, probe)
-                spec = {"model": model, "store_a": urls[0], "store_b": urls[-1], "disk_dir": str(disk),
-                        "shm_dir": str(shm), "cases": cases, "repeat": args.repeat,
-                        "rank_stores": [urls[names.index(x)] for x in on]}  # fmt: skip
-                per_rank = run_world(spec, args.timeout, world, net, on, token)
-                after = ring_bandwidth(net, names, probe)
-            shaped = max(min(before.values()), min(after.values()))
-            print(f"  {h} hosts: links {shaped * 8 / 1e9:.3f} Gbit/s (slowest host, in parallel)", flush=True)
-            runs.append({"cases": cases, "per_rank": per_rank, "shaped_bw": shaped,
-                         "ring_GBps": {"before": before, "after": after}})  # fmt: skip
+                run = netns_world(
+                    net, tmp, token, spec, world, h, reserve, args.store_memory, args.timeout, probe
+                )
+            runs.append({"cases": cases, **run})
     return runs
 
 

@@ -238,12 +238,12 @@ def fits(rows: list[dict]) -> dict[str, dict]:
 
 def knees(rows: list[dict]) -> list[dict]:
     """Points that failed, and points whose seconds per GB are > 20% above their series' first point of the
-    same size (the smallest size, the fewest ranks or hosts)."""
+    same size (the smallest size, the fewest ranks or hosts); the 5 MB points' growth is the intercepts'."""
     out = [{"point": r["name"], "why": f"failed: {r['why']}"} for r in rows if r.get("status") == "failed"]
     for series in ("size", "ranks", "hosts"):
         by_size: dict[float, list[dict]] = {}
         for r in rows:
-            if r.get("status") == "ok" and series in r["series"] and (series != "size" or r["gb"] > TINY):
+            if r.get("status") == "ok" and series in r["series"] and r["gb"] > TINY:  # 5 MB: fixed costs
                 by_size.setdefault(r["gb"] if series != "size" else 0.0, []).append(r)
         for rs in by_size.values():
             first = rs[0]

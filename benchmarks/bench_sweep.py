@@ -67,8 +67,8 @@ TINY = 0.005  # the 5 MB point's nominal GB
 
 def model_for(gb: float) -> dict:
     """The reference GPT whose parameters + AdamW moments (12 bytes a parameter) come nearest `gb`."""
-    if gb <= TINY:
-        return dict(SIZES["fixed"])
+    if gb <= TINY:  # heads as the larger ones: tp up to 16 divides them (the worker does not care)
+        return {**SIZES["fixed"], "heads": 16}
     base = dict(layers=8, heads=16, vocab=256, seq=512)
     hidden = min(
         range(64, 8193, 64), key=lambda h: abs(GPTConfig(hidden=h, **base).param_count() * 12e-9 - gb)
@@ -274,13 +274,18 @@ def sweep(args, points: list[dict], shm: Path) -> list[dict]:
                 {**head, "status": "skipped", "why": f"past the budget of {args.budget_min:g} minutes"}
             )
             continue
+        if p["series"] == ["size"] and any(
+            r["series"] == ["size"] and r["status"] == "skipped" for r in rows
+        ):
+            continue  # the ladder stopped at the first size that did not fit: that row says so
         why = too_big(p, rows, limit)
         if why:
-            rows.append({**head, "status": "skipped", "why": why})
+            larger = "; the larger sizes not tried" if p["series"] == ["size"] else ""
+            rows.append({**head, "status": "skipped", "why": why + larger})
             continue
         print(f"{head['name']}: {GPTConfig(**p['model']).param_count() * 12 / 1e9:.3f} GB", flush=True)
         try:
-            rows.append({**run_point(p, args, shm), **head})
+            rows.append({**run_point(p, args, shm), **head, "load": os.getloadavg()[0]})  # others' jobs
         except (Exception, SystemExit) as e:  # a failing point is a finding: recorded, and the sweep goes on
             rows.append({**head, "status": "failed", "why": f"{type(e).__name__}: {e}"[:500]})
     return rows

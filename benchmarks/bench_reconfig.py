@@ -532,14 +532,15 @@ def one_vs_two_host_saves(rows: list[dict]) -> dict[str, float]:
     return {c: saves[(c, 1)] / saves[(c, 2)] for c, h in saves if h == 1 and (c, 2) in saves}
 
 
-def floors(procs: int) -> dict[str, float | list[float]]:
-    """Bytes per second on `procs` cores. The socket: the best of 1 up to `procs` streams at once (one stream
-    leaves a core idle); each count is kept, as is the save's copy with its checksums (copy_hash: what
-    adding the copy's and the checksums' costs in the verified floor stands for)."""
-    streams = [socket_bandwidth(k) for k in range(1, procs + 1)]
-    return {"memcpy": bandwidth("copy", procs), "socket": max(streams), "socket_streams": streams,
-            "checksum": bandwidth("hash", procs), "copy_hash": bandwidth("copy_hash", procs),
-            "memcpy_1core": bandwidth("copy", 1)}  # fmt: skip
+def floors(procs: int, rounds: int = 9) -> dict[str, float | list[float]]:
+    """Bytes per second on `procs` cores, best of `rounds` (the socket: of about half as many). The socket:
+    the best of 1 up to `procs` streams at once (one stream leaves a core idle); each count is kept, as is
+    the save's copy with its checksums (copy_hash: what adding the copy's and the checksums' costs in the
+    verified floor stands for)."""
+    streams = [socket_bandwidth(k, repeat=max(1, rounds // 2 + 1)) for k in range(1, procs + 1)]
+    bw = {op: bandwidth(op, procs, repeat=rounds) for op in ("copy", "hash", "copy_hash")}
+    return {"memcpy": bw["copy"], "socket": max(streams), "socket_streams": streams, "checksum": bw["hash"],
+            "copy_hash": bw["copy_hash"], "memcpy_1core": bandwidth("copy", 1, repeat=rounds)}  # fmt: skip
 
 
 def best_floors(before: dict, after: dict) -> dict[str, float]:

@@ -321,7 +321,8 @@ def main() -> None:
     if args.network == "netns":
         need_netns("bench_sweep")
     procs = min(len(os.sched_getaffinity(0)), 4)
-    before = floors(procs)
+    rounds = 3 if args.quick else 9  # --quick: the floor from fewer rounds
+    before = floors(procs, rounds)
     print(f"floor on {procs} cores: {shown(before)}", flush=True)
     shm = Path(tempfile.mkdtemp(prefix="tenplex-sweep-dcp-", dir="/dev/shm"))
     started = time.perf_counter()
@@ -332,7 +333,7 @@ def main() -> None:
             f.rmdir() if f.is_dir() else f.unlink()
         shm.rmdir()
     wall = time.perf_counter() - started
-    after = floors(procs)
+    after = floors(procs, rounds)
     report(args, finish(rows, best_floors(before, after)), before, after, procs, wall)
 
 

@@ -27,7 +27,7 @@ and after) and DCP through /dev/shm (`--no-dcp` leaves it out). `--budget-min` s
 it; the points left are recorded as skipped, with that reason.
 
     python benchmarks/bench_sweep.py                       # loopback: size and ranks series, ~10-15 minutes
-    sudo -E python benchmarks/bench_sweep.py --network netns --nic-gbps 1   # and the hosts series
+    sudo -E python benchmarks/bench_sweep.py --network netns --nic-gbps 1 --budget-min 30  # results/
     python benchmarks/bench_sweep.py --quick   # the test's: 5 MB and 0.05 GB on 4 ranks, 5 MB on 8
 """
 

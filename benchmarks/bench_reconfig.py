@@ -81,6 +81,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from common import print_rows, write_results
@@ -295,6 +296,21 @@ def paths(per_rank: list[dict]) -> dict:
             "huge_pages": all(p["huge_pages"] for p in seen)}  # fmt: skip
 
 
+def central_part(row: dict, reps: list[list[dict]], shaped_bw: float | None) -> None:
+    """Central mode's figures into `row` (a case that ran it)."""
+    central_save, central = slowest(reps, "central_save"), slowest(reps, "central_load")
+    central_local = slowest(reps, "central_local_load")
+    total = row["total_s"]
+    row.update(central_save_s=central_save, central_load_s=central, central_total_s=central_save + central,
+               central_local_load_s=central_local, x_central=(central_save + central) / total,
+               x_central_load=(row["save_s"] + central_local) / total)  # fmt: skip
+    for key in ("central_save", "central_load", "central_local_load"):
+        row["reps"][f"{key}_s"] = each_rep(reps, key)
+    if shaped_bw:  # central mode's save and load run one after the other, so their busiest links add up
+        busiest_c = sum(busiest_link(nic_by_host(reps[0], f"nic_{m}")) for m in ("central_save", "central"))
+        row.update(central_busiest_GB=busiest_c / 1e9, central_bound_s=busiest_c / shaped_bw)
+
+
 def summarise(ranks: list[dict], bw: dict[str, float], shaped_bw: float | None = None) -> dict:
     """One case's row; `bw`: the floors' bytes per second (memcpy, socket, checksum, copy_hash)."""
     case = ranks[0]["case"]
@@ -306,16 +322,10 @@ def summarise(ranks: list[dict], bw: dict[str, float], shaped_bw: float | None =
     plan = next(r["plan_bytes"] for r in per_rank if "plan_bytes" in r)
     saved = sum(r["saved_bytes"] for r in per_rank)
     save, load = slowest(reps, "save"), slowest(reps, "load")
-    central_save, central = slowest(reps, "central_save"), slowest(reps, "central_load")
-    central_local = slowest(reps, "central_local_load")
     total = save + load
     local = saved + moved["kept"] + moved["same_host"] + moved["relayed"]
     nic = nic_by_host(per_rank, "nic_load")
     busiest = busiest_link(nic)
-    # central mode's save and load run one after the other, so their busiest links' times add up
-    busiest_c = busiest_link(nic_by_host(per_rank, "nic_central_save")) + busiest_link(
-        nic_by_host(per_rank, "nic_central")
-    )
     if shaped_bw:  # namespace hosts: the busiest shaped link bounds the cross-host part
         cross = busiest / shaped_bw
     else:
@@ -342,26 +352,16 @@ def summarise(ranks: list[dict], bw: dict[str, float], shaped_bw: float | None =
         "cross_GB": moved["cross_host"] / gb,
         "cross_lb_GB": plan["cross_host_lower_bound"] / gb,
         "plan": plan,
-        "central_save_s": central_save,
-        "central_load_s": central,
-        "central_total_s": central_save + central,
-        "central_local_load_s": central_local,
         "floor_s": floor,
-        "x_central": (central_save + central) / total,
-        "x_central_load": (save + central_local) / total,
         "x_floor": total / floor,
         "floor_verified_s": floor_verified,
         "x_floor_verified": total / floor_verified,
-        "reps": {
-            "save_s": each_rep(reps, "save"),
-            "load_s": each_rep(reps, "load"),
-            "central_save_s": each_rep(reps, "central_save"),
-            "central_load_s": each_rep(reps, "central_load"),
-            "central_local_load_s": each_rep(reps, "central_local_load"),
-        },
+        "reps": {"save_s": each_rep(reps, "save"), "load_s": each_rep(reps, "load")},
         "paths": paths(per_rank),
         "bad": sorted({b for pr in reps for r in pr for k in ("bad", "bad_central") for b in r.get(k, [])}),
     }
+    if any("central_save" in r for r in per_rank):
+        central_part(row, reps, shaped_bw)
     reps_load = each_rep(reps, "load")
     best = min(range(len(reps)), key=lambda i: each_rep(reps, "save")[i] + reps_load[i])
     for kind in ("save", "load"):  # seconds by phase: the slowest rank per phase, best and first repetition
@@ -378,9 +378,7 @@ def summarise(ranks: list[dict], bw: dict[str, float], shaped_bw: float | None =
         row.update(
             nic_gbps_measured=shaped_bw * 8 / 1e9,
             busiest_GB=busiest / gb,
-            central_busiest_GB=busiest_c / gb,
             cross_bound_s=bound,
-            central_bound_s=busiest_c / shaped_bw,
             cross_s=cross,
             x_cross_bound=cross / bound if busiest else None,
             x_load_bound=reps_load[best] / bound if busiest else None,
@@ -464,43 +462,66 @@ def reserve_timeout(nbytes: int) -> float:
     return 60 + nbytes / 50e6
 
 
-def run_netns(args, model: dict, disk: Path, shm: Path) -> list[dict]:
-    """One world per host count, every host a shaped namespace host with its own store."""
+def need_netns(who: str) -> None:
     why = netns.unavailable()
     if why:
-        print(f"bench_reconfig: {why}", file=sys.stderr)
+        print(f"{who}: {why}", file=sys.stderr)
         raise SystemExit(2)
-    prefix = netns.prefix_for("benchmarks/bench_reconfig")  # a killed run's namespaces go at the next one
-    probe = int(max(16 << 20, (args.nic_gbps or 2.0) * 1e9 / 8))  # about a second of traffic per host
-    runs = []
+
+
+@contextlib.contextmanager
+def token_dir() -> Iterator[tuple[Path, str]]:
+    """A temporary directory holding a fresh store token in `token` (mode 0600), and the token."""
     with tempfile.TemporaryDirectory(prefix="tenplex-bench-net-") as tmp:
         token = secrets.token_urlsafe(24)
         token_file = Path(tmp) / "token"
         token_file.write_text(token + "\n")
         token_file.chmod(0o600)
+        yield Path(tmp), token
+
+
+def netns_world(net, tmp: Path, token: str, spec: dict, world: int, hosts: int, reserve: list[int],
+                store_memory: str, timeout: float, probe: int) -> dict:  # fmt: skip
+    """`hosts` namespace hosts in `net`, each with its own store, rank r on host r * hosts // world; the
+    links probed before and after the ranks ran. The ranks' results, the shaped bandwidth (bytes/s)."""
+    names = [net.add_host(f"h{i}").name for i in range(hosts)]
+    token_file = str(tmp / "token")
+    urls = [
+        net.start_store(n, token_file, str(tmp / f"store-{hosts}-{n}.log"), store_memory,
+                        ["--reserve", str(r)], reserve_timeout(r))[0]
+        for n, r in zip(names, reserve)
+    ]  # fmt: skip
+    on = [names[r * hosts // world] for r in range(world)]
+    before = ring_bandwidth(net, names, probe)
+    own = [urls[names.index(x)] for x in on]
+    spec = {**spec, "store_a": urls[0], "store_b": urls[-1], "rank_stores": own}
+    per_rank = run_world(spec, timeout, world, net, on, token)
+    after = ring_bandwidth(net, names, probe)
+    shaped = max(min(before.values()), min(after.values()))
+    print(f"  {hosts} hosts: links {shaped * 8 / 1e9:.3f} Gbit/s (slowest host, in parallel)", flush=True)
+    return {"per_rank": per_rank, "shaped_bw": shaped, "ring_GBps": {"before": before, "after": after}}
+
+
+def run_netns(args, model: dict, disk: Path, shm: Path) -> list[dict]:
+    """One world per host count, every host a shaped namespace host with its own store."""
+    need_netns("bench_reconfig")
+    prefix = netns.prefix_for("benchmarks/bench_reconfig")  # a killed run's namespaces go at the next one
+    probe = int(max(16 << 20, (args.nic_gbps or 2.0) * 1e9 / 8))  # about a second of traffic per host
+    runs = []
+    with token_dir() as (tmp, token):
         for h in (int(x) for x in args.hosts.split(",")):
             if h < 2:
                 raise SystemExit("--network netns needs at least 2 hosts")
             world, cases = max(4, h), make_cases(args, h)
             reserve = store_reserves(args, state_bytes(model), len(cases), h)
             print(f"  {h} hosts: store reserves {', '.join(human_bytes(r) for r in reserve)}", flush=True)
+            spec = {"model": model, "disk_dir": str(disk), "shm_dir": str(shm), "cases": cases,
+                    "repeat": args.repeat}  # fmt: skip
             with netns.Network(prefix, gbps=args.nic_gbps, latency_ms=args.nic_latency_ms) as net:
-                names = [net.add_host(f"h{i}").name for i in range(h)]
-                urls = [net.start_store(n, str(token_file), str(Path(tmp) / f"store-{h}-{n}.log"),
-                                        memory_limit=args.store_memory, extra=["--reserve", str(r)],
-                                        timeout=reserve_timeout(r))[0]
-                        for n, r in zip(names, reserve)]  # fmt: skip
-                on = [names[r * h // world] for r in range(world)]
-                before = ring_bandwidth(net, names, probe)
-                spec = {"model": model, "store_a": urls[0], "store_b": urls[-1], "disk_dir": str(disk),
-                        "shm_dir": str(shm), "cases": cases, "repeat": args.repeat,
-                        "rank_stores": [urls[names.index(x)] for x in on]}  # fmt: skip
-                per_rank = run_world(spec, args.timeout, world, net, on, token)
-                after = ring_bandwidth(net, names, probe)
-            shaped = max(min(before.values()), min(after.values()))
-            print(f"  {h} hosts: links {shaped * 8 / 1e9:.3f} Gbit/s (slowest host, in parallel)", flush=True)
-            runs.append({"cases": cases, "per_rank": per_rank, "shaped_bw": shaped,
-                         "ring_GBps": {"before": before, "after": after}})  # fmt: skip
+                run = netns_world(
+                    net, tmp, token, spec, world, h, reserve, args.store_memory, args.timeout, probe
+                )
+            runs.append({"cases": cases, **run})
     return runs
 
 
@@ -509,6 +530,36 @@ def one_vs_two_host_saves(rows: list[dict]) -> dict[str, float]:
     (1: one host's store takes four writers as fast as two stores take two each)."""
     saves = {(r["change"], r["hosts"]): r["save_s"] for r in rows if r.get("save_s")}
     return {c: saves[(c, 1)] / saves[(c, 2)] for c, h in saves if h == 1 and (c, 2) in saves}
+
+
+def floors(procs: int, rounds: int = 9) -> dict[str, float | list[float]]:
+    """Bytes per second on `procs` cores, best of `rounds` (the socket: of about half as many). The socket:
+    the best of 1 up to `procs` streams at once (one stream leaves a core idle); each count is kept, as is
+    the save's copy with its checksums (copy_hash: what adding the copy's and the checksums' costs in the
+    verified floor stands for)."""
+    streams = [socket_bandwidth(k, repeat=max(1, rounds // 2 + 1)) for k in range(1, procs + 1)]
+    bw = {op: bandwidth(op, procs, repeat=rounds) for op in ("copy", "hash", "copy_hash")}
+    return {"memcpy": bw["copy"], "socket": max(streams), "socket_streams": streams, "checksum": bw["hash"],
+            "copy_hash": bw["copy_hash"], "memcpy_1core": bandwidth("copy", 1, repeat=rounds)}  # fmt: skip
+
+
+def best_floors(before: dict, after: dict) -> dict[str, float]:
+    """The better of the two measurements (the machine is shared and noisy)."""
+    return {k: max(before[k], after[k]) for k in ("memcpy", "socket", "checksum", "copy_hash")}
+
+
+def floors_meta(before: dict, after: dict, procs: int) -> dict:
+    """The floors as a results file records them, in GB/s."""
+    return {
+        **{
+            f"{k}_GBps{when}": [x / 1e9 for x in v] if isinstance(v, list) else v / 1e9
+            for when, got in (("", before), ("_after", after))
+            for k, v in got.items()
+            if k != "memcpy_1core"
+        },
+        "floor_cores": procs,  # memcpy, checksum and copy_hash: that many processes at once
+        "memcpy_1core_GBps": max(before["memcpy_1core"], after["memcpy_1core"]) / 1e9,
+    }
 
 
 def shown(f: dict) -> str:
@@ -552,17 +603,7 @@ def main() -> None:
     # the floor's copies and checksums run on as many cores as the ranks can use (one per rank)
     worlds = [int(h) for h in args.hosts.split(",")] if args.network == "netns" else []
     procs = min(len(os.sched_getaffinity(0)), max([4, *worlds]))  # the cores this run may use
-
-    def floors() -> dict[str, float | list[float]]:
-        """Bytes per second. The socket: the best of 1 up to `procs` streams at once (one stream leaves a
-        core idle); each count is kept, as is the save's copy with its checksums (copy_hash: what adding
-        the copy's and the checksums' costs in the verified floor stands for)."""
-        streams = [socket_bandwidth(k) for k in range(1, procs + 1)]
-        return {"memcpy": bandwidth("copy", procs), "socket": max(streams), "socket_streams": streams,
-                "checksum": bandwidth("hash", procs), "copy_hash": bandwidth("copy_hash", procs),
-                "memcpy_1core": bandwidth("copy", 1)}  # fmt: skip
-
-    before = floors()
+    before = floors(procs)
     print(f"floor on {procs} cores: {shown(before)}", flush=True)
 
     disk = Path(tempfile.mkdtemp(prefix="tenplex-bench-dcp-", dir=disk_root))
@@ -577,9 +618,8 @@ def main() -> None:
         for d in (disk, shm):
             subprocess.run(["rm", "-rf", str(d)], check=False)
     wall = time.perf_counter() - started
-    after = floors()
-    # the floor takes the better of the two measurements (the machine is shared and noisy)
-    best = {k: max(before[k], after[k]) for k in ("memcpy", "socket", "checksum", "copy_hash")}
+    after = floors(procs)
+    best = best_floors(before, after)
     rows = [
         summarise([r[i] for r in run["per_rank"]], best, run.get("shaped_bw"))
         for run in runs
@@ -625,14 +665,7 @@ def main() -> None:
         "model": model,
         "params": cfg.param_count(),
         "pairs": {c["name"]: [c["src"], c["dst"]] for c in cases},
-        **{
-            f"{k}_GBps{when}": [x / 1e9 for x in v] if isinstance(v, list) else v / 1e9
-            for when, got in (("", before), ("_after", after))
-            for k, v in got.items()
-            if k != "memcpy_1core"
-        },
-        "floor_cores": procs,  # memcpy, checksum and copy_hash: that many processes at once
-        "memcpy_1core_GBps": max(before["memcpy_1core"], after["memcpy_1core"]) / 1e9,
+        **floors_meta(before, after, procs),
         "dcp_disk_fs": disk_kind,
         "wall_s": wall,
         "repeat": args.repeat,

@@ -10,6 +10,10 @@ DTensors in the source layout, plus plain values), then times, between barriers:
 - PyTorch DCP: `dcp.save` -> `dcp.load` through a local-disk directory (fsync'd) and through /dev/shm.
 - `dcp_tenplex`: DCP's planner on tenplex's stores (`tenplex.dcp.StoreWriter` / `StoreReader`).
 
+A case may leave out central mode (`"central": false`) and run only some DCP baselines (`"dcp"`: a list of
+"tenplex", "disk", "shm"), and with `"store_stats": true` rank 0 records every store's stats after the load
+(benchmarks/bench_sweep.py: what a store holds per byte of state).
+
 Every load is checked element for element against the values the source was built from. Meshes are built
 without communicators and DTensors from local chunks, so nothing but tenplex and DCP communicates.
 Results (per rank) go to $TENPLEX_BENCH_OUT/rank<r>.json.
@@ -257,6 +261,40 @@ def run_case(case: dict, cfg: GPTConfig, groups: dict, rank: int, stores: dict, 
         res["load_phases"] = info.phases
         res["bad"] = check(dst)
     zero_b(dst, in_b)
+    if case.get("store_stats") and rank == 0:  # what every store holds with the snapshot and relay caches
+        res["store_stats"] = {u: StoreClient(u).stats() for u in all_stores(stores)}
+    if case.get("central", True):
+        run_central(res, src, dst, job, hub, ga, gb, in_a, in_b)
+    kinds = dcp_kinds(case)
+    if "tenplex" in kinds:
+        res["dcp_tenplex"] = run_dcp_tenplex(src, dst, f"{job}-dcp", ga, gb, in_a, in_b, rank)
+    dist.barrier()
+    if rank == 0:
+        for url in all_stores(stores):
+            for j in (job, f"{job}-dcp", f"{job}-central"):
+                if j in StoreClient(url).jobs():
+                    StoreClient(url).delete_job(j)
+    if "disk" in kinds:
+        res["dcp_disk"] = run_dcp(src, dst, dirs["disk"], ga, gb, in_a, in_b, True, rank)
+    if "shm" in kinds:
+        res["dcp_shm"] = run_dcp(src, dst, dirs["shm"], ga, gb, in_a, in_b, False, rank)
+    dist.barrier()
+    return res
+
+
+def all_stores(stores: dict) -> list[str]:
+    return sorted(set(stores.get("rank_stores", [])) | {stores["a"], stores["b"]})
+
+
+def dcp_kinds(case: dict) -> list[str]:
+    """The DCP baselines a case runs: `dcp` true (all three), false (none) or a list of them."""
+    dcp = case.get("dcp", True)
+    return ["tenplex", "disk", "shm"] if dcp is True else list(dcp or [])
+
+
+def run_central(res: dict, src, dst, job: str, hub: str, ga, gb, in_a: bool, in_b: bool) -> None:
+    """Central mode, timed into `res`: the load of the local snapshot through host 0, then the original's
+    Tenplex-Central (save into host 0's store, load from it)."""
     # central mode with the snapshot saved locally: only the load goes through host 0 (`x_central_load`)
     t_local, info_l = timed(
         lambda: tenplex.load(dst, job=job, central=True, process_group=gb), in_b, res["nic_central_local"]
@@ -275,19 +313,6 @@ def run_case(case: dict, cfg: GPTConfig, groups: dict, rank: int, stores: dict, 
     if info_c is not None:
         res["central_bytes"] = info_c.bytes
         res["bad_central"] += check(dst)
-    if case.get("dcp", True):
-        res["dcp_tenplex"] = run_dcp_tenplex(src, dst, f"{job}-dcp", ga, gb, in_a, in_b, rank)
-    dist.barrier()
-    if rank == 0:
-        for url in sorted(set(stores.get("rank_stores", [])) | {stores["a"], stores["b"]}):
-            for j in (job, f"{job}-dcp", f"{job}-central"):
-                if j in StoreClient(url).jobs():
-                    StoreClient(url).delete_job(j)
-    if case.get("dcp", True):
-        res["dcp_disk"] = run_dcp(src, dst, dirs["disk"], ga, gb, in_a, in_b, True, rank)
-        res["dcp_shm"] = run_dcp(src, dst, dirs["shm"], ga, gb, in_a, in_b, False, rank)
-    dist.barrier()
-    return res
 
 
 def main() -> None:
@@ -304,9 +329,10 @@ def main() -> None:
     out = Path(os.environ["TENPLEX_BENCH_OUT"])
     # warm-up, untimed: first store writes, first DCP save/load, imports on first use
     tiny = GPTConfig(layers=4, hidden=64, heads=4, vocab=256, seq=64)
+    first = {k: spec["cases"][0][k] for k in ("central", "dcp") if k in spec["cases"][0]}  # what cases run
     for hosts in (1, 2) if not spec.get("rank_stores") else (spec["cases"][0]["hosts"],):
-        run_case({"name": "warmup", "src": [1, 2, 2], "dst": [2, 1, 2], "hosts": hosts}, tiny, groups, rank,
-                 stores, dirs, "warmup")  # fmt: skip
+        warm = {"name": "warmup", "src": [1, 2, 2], "dst": [2, 1, 2], "hosts": hosts, **first}
+        run_case(warm, tiny, groups, rank, stores, dirs, "warmup")
     results = []
     for case in spec["cases"]:
         t = time.perf_counter()

@@ -18,8 +18,9 @@ each runtime:
   four changes (its own downtime accounting, from its summary).
 
 Downtime: from the old round's last step to the new round's first, less one step's time (0.2 s steps
-here). For a lost host, `detect_s` is the part before the new round formed (torch's rendezvous drops a
-node after its heartbeats lapse: 1 s x 3), reported on its own as the issue asks; `after_detect_s` the rest.
+here). For a lost host, `detect_s` is the part before the new round formed (the agents take a host whose
+store refuses or is unreachable out of the rendezvous once a collective breaks; torch's rendezvous drops a
+silent one after its heartbeats lapse: 1 s x 3), reported on its own; `after_detect_s` the rest.
 
     python benchmarks/bench_agent.py                       # netns if root, else loopback: ~4 minutes
     python benchmarks/bench_agent.py --network loopback

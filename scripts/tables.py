@@ -248,8 +248,9 @@ def agent_after(doc: dict) -> str:
     return (f"\nOn {where}, {doc.get('pace_s', 0):g} s steps. Agent and torchrun: from the old round's last "
             "step to the new round's first, less one step; `tenplex run`: its own accounting of the same "
             "four changes (one machine's runtime, ranks started ahead). A lost host's downtime includes the "
-            "failure detection (torch's rendezvous drops a node after 3 s without heartbeats), shown apart "
-            "for the agent.\n")  # fmt: skip
+            "failure detection, shown apart for the agent: until the next round formed (a host whose store "
+            "refuses or is unreachable is taken out of the rendezvous once a collective breaks; a silent one "
+            "after 3 s without heartbeats).\n")  # fmt: skip
 
 
 PEERS = "python benchmarks/bench_peers.py"

@@ -5,10 +5,12 @@ what is refused."""
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from launch import run_ranks
 
@@ -45,9 +47,19 @@ def tenplex(*args: str) -> subprocess.CompletedProcess:
 def test_cli_refuses_what_is_no_torch_dist_checkpoint_in_one_line(store, tmp_path):
     (tmp_path / "x").mkdir()
     (tmp_path / "x" / "metadata.json").write_text('{"sharded_backend": "zarr"}')
-    (tmp_path / "torn").mkdir()
-    (tmp_path / "torn" / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')
+    for name, common in {
+        "torn": None,
+        "args": argparse.Namespace(lr=1.0),
+        "iteration": {"iteration": 5},
+    }.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')
+        if common is not None:  # Megatron-LM's common state: never unpickled as code, refused either way
+            torch.save(common, tmp_path / name / "common.pt")
     cases = {
+        "cannot read common.pt": ["import", "megatron", str(tmp_path / "torn"), "--job", "j"],
+        "objects that are not plain data": ["import", "megatron", str(tmp_path / "args"), "--job", "j"],
+        "common state ['iteration']": ["import", "megatron", str(tmp_path / "iteration"), "--job", "j"],
         "no such folder": ["import", "megatron", str(tmp_path / "nowhere"), "--job", "j"],
         "no metadata.json": ["import", "megatron", str(tmp_path), "--job", "j"],
         "sharded_backend 'zarr'": ["import", "megatron", str(tmp_path / "x"), "--job", "j"],

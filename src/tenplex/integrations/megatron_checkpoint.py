@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import pickle
 import re
 import shutil
 import uuid
@@ -56,9 +57,7 @@ def read_torch_dist(folder: str | Path) -> dict[str, Any]:
     backend = json.loads(meta_file.read_text()).get("sharded_backend")
     if backend != "torch_dist":
         raise MegatronCheckpointError(f"{folder}: sharded_backend {backend!r}; tenplex reads 'torch_dist'")
-    common = _read(
-        folder, "common.pt", torch.load, folder / "common.pt", map_location="cpu", weights_only=False
-    )
+    common = _common(folder)
     if common:
         raise MegatronCheckpointError(
             f"{folder}: common state {sorted(common)} (not sharded) is not mapped; tenplex imports a model's "
@@ -85,6 +84,21 @@ def read_torch_dist(folder: str | Path) -> dict[str, Any]:
                 )
             items[key] = None
     return items
+
+
+def _common(folder: Path) -> Any:
+    """`common.pt`, never unpickled as code: what is not plain data (Megatron-LM's `args`) is refused as a
+    common state anyway."""
+    try:
+        return torch.load(folder / "common.pt", map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        return {"objects that are not plain data": None}
+    except Exception as e:  # a missing or torn file: one line naming it
+        return _read(folder, "common.pt", _raise, e)
+
+
+def _raise(e: BaseException) -> None:
+    raise e
 
 
 def _read(folder: Path, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -60,6 +60,10 @@ def row(world: int, name: str, per_rank: list[dict], warmup: int) -> dict:
     best = min(range(len(reps)), key=lambda k: max(r["tenplex_save"] for r in reps[k]))
     out["save_phases"] = _slowest_phases([r["save_phases"] for r in reps[best]])
     out["load_phases"] = _slowest_phases([r["load_phases_same"] for r in reps[best]])
+    # round trips and collectives per rank of the last repetition: the most any rank made, and all ranks'
+    out["counts"] = {what: {k: [r["counts"][what].get(k, 0) for r in reps[-1]] for k in
+                            sorted(set().union(*(r["counts"][what] for r in reps[-1])))}
+                     for what in reps[-1][0]["counts"]}  # fmt: skip
     return out
 
 
@@ -77,6 +81,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--store-memory", default="2GiB")
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--out", default=None)
+    p.add_argument("--profile", default=None, help="a directory: rank 0's cProfile of the last repetition")
     args = p.parse_args()
     if args.quick:
         args.worlds, args.fixed_worlds, args.repeat = "2", "2", 3
@@ -98,7 +103,7 @@ def main() -> None:
         for world, names in worlds(args.model_worlds, args.fixed_list).items():
             with start_store(memory_limit=args.store_memory) as store:
                 spec = {"store": store.url, "shm_dir": shm, "states": names, "repeat": args.repeat,
-                        "warmup": args.warmup}  # fmt: skip
+                        "warmup": args.warmup, "profile": args.profile}  # fmt: skip
                 per_rank = run_world(spec, args.timeout, world=world, worker="small_worker")
             rows.extend(row(world, name, per_rank, args.warmup) for name in names)
     print_rows("small states: tenplex / DCP (best of repetitions)", rows, COLUMNS)

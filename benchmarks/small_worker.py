@@ -11,9 +11,11 @@ bit against the source's full tensors. Results: $TENPLEX_BENCH_OUT/rank<r>.json.
 
 from __future__ import annotations
 
+import cProfile
 import json
 import os
 import shutil
+from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -28,8 +30,50 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 import tenplex
 from reconfig_worker import timed
 from tenplex.integrations import TrainState
+from tenplex.store.transport import Transport
 
 TIMEOUT = timedelta(seconds=600)
+COLLECTIVES = ("gather", "broadcast", "all_gather", "barrier", "broadcast_object_list", "all_gather_object",
+               "all_reduce", "scatter", "reduce")  # fmt: skip
+
+
+class Counts:
+    """Round trips to the stores (each HTTP exchange, a request sent without waiting included) and
+    collectives (each torch.distributed call tenplex makes), counted for one call at a time."""
+
+    def __init__(self) -> None:
+        self.now: dict[str, int] = {}
+        for name in COLLECTIVES:
+            setattr(dist, name, self._wrap(getattr(dist, name), f"collective.{name}"))
+        for name in ("_exchange", "send_only"):
+            setattr(Transport, name, self._wrap(getattr(Transport, name), "store_requests"))
+
+    def _wrap(self, fn: Callable, key: str) -> Callable:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.now[key] = self.now.get(key, 0) + 1
+            return fn(*args, **kwargs)
+
+        return counted
+
+    def of(
+        self, fn: Callable[[], Any], into: dict, key: str, profile: str | None = None
+    ) -> Callable[[], Any]:
+        """`fn`, counting its calls into `into[key]` (and profiling it with cProfile into `profile`)."""
+
+        def run() -> Any:
+            self.now = {}
+            prof = cProfile.Profile() if profile else None
+            try:
+                return prof.runcall(fn) if prof else fn()
+            finally:
+                into[key] = dict(self.now)
+                if prof:
+                    prof.dump_stats(profile)
+
+        return run
+
+
+COUNTS: Counts
 
 
 def hf_model(world: int, reshard: bool) -> torch.nn.Module:
@@ -104,15 +148,21 @@ def run_state(spec: dict, name: str, src: dict, targets: dict[str, dict], rep: i
     """One repetition on one state: tenplex and DCP, in an order that alternates with `rep`."""
     expected = full(src)
     out: dict[str, Any] = {}
+    counts = out["counts"] = {}
     job = f"small-{name}"  # periodic saves of one job: step `rep`, the two newest kept, as ElasticJob does
     shm = Path(spec["shm_dir"]) / f"{job}-{rep}"
 
     def run_tenplex() -> None:
-        out["tenplex_save"], h = timed(lambda: tenplex.save(src, job=job, step=rep, keep=2), True)
+        save = lambda: tenplex.save(src, job=job, step=rep, keep=2)  # noqa: E731
+        out["tenplex_save"], h = timed(
+            COUNTS.of(save, counts, "save", _profile(spec, name, rep, "save")), True
+        )
         out["save_phases"] = h.phases
         for what, dst in targets.items():
             zero(dst)
-            out[f"tenplex_load_{what}"], info = timed(partial(tenplex.load, dst, job=job), True)
+            load = COUNTS.of(partial(tenplex.load, dst, job=job), counts, f"load_{what}",
+                             _profile(spec, name, rep, f"load_{what}"))  # fmt: skip
+            out[f"tenplex_load_{what}"], info = timed(load, True)
             out[f"load_phases_{what}"] = info.phases
             out.setdefault("bad", []).extend(f"tenplex {what}: {b}" for b in check(dst, expected))
 
@@ -131,6 +181,14 @@ def run_state(spec: dict, name: str, src: dict, targets: dict[str, dict], rep: i
     return out
 
 
+def _profile(spec: dict, name: str, rep: int, what: str) -> str | None:
+    """Where rank 0 writes the cProfile of `what` in the last repetition, when profiling."""
+    last = rep == spec["warmup"] + spec["repeat"] - 1
+    if not spec.get("profile") or not last or dist.get_rank() != 0:
+        return None
+    return str(Path(spec["profile"]) / f"{name}-{dist.get_world_size()}-{what}.prof")
+
+
 def states(spec: dict, world: int) -> dict[str, tuple[dict, dict[str, dict]]]:
     """Per state: the source and the targets (the same layout, and `reshard` where the world allows one)."""
     out = {}
@@ -146,7 +204,9 @@ def states(spec: dict, world: int) -> dict[str, tuple[dict, dict[str, dict]]]:
 
 
 def main() -> None:
+    global COUNTS
     spec = json.loads(os.environ["TENPLEX_BENCH_SPEC"])
+    COUNTS = Counts()
     os.environ["TENPLEX_STORE"] = spec["store"]  # the ranks' own store: shared memory
     dist.init_process_group("gloo", timeout=TIMEOUT)
     rank, world = dist.get_rank(), dist.get_world_size()

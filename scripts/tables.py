@@ -383,6 +383,19 @@ TABLES: dict[str, Table] = {
             ),
         ),
     ),
+    "small": Table(
+        "bench_small.json",
+        "python benchmarks/bench_small.py --out results/bench_small.json",
+        (
+            *plain("state ranks tensors MB"),
+            *(
+                (f"{label} {system}", key(f"{system}_{part}_s"))
+                for part, label in (("save", "save"), ("load_same", "load"), ("load_reshard", "reshard"))
+                for system in ("tenplex", "dcp")
+            ),
+            *plain("x_save x_load_same x_load_reshard x_save_median x_load_same_median"),
+        ),
+    ),
     "reconfig-baselines": Table(
         "bench_reconfig.json",
         RECONFIG,

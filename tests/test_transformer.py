@@ -176,3 +176,5 @@ def test_all_gather_matches_torchs_for_objects_in_and_beyond_a_slot(results):
     for r, res in enumerate(results):
         assert res["gather"]["world"] == [True] * 4, (r, res["gather"])
         assert res["gather"]["group"] == ([True] * 4 if r < 3 else []), (r, res["gather"])
+        assert res["gather"]["then"] == [True] * 4 and res["gather"]["broadcast"] == [True] * 4, res["gather"]
+        assert res["gather"]["raised"] == "division by zero"  # rank 0's exception, raised on every rank

@@ -353,13 +353,21 @@ def run_gather(groups: dict[int, object], rank: int) -> dict:
     from tenplex.transformer import world
 
     objects = [None, ("r", rank), {"rows": list(range(rank * 9000))}, b"x" * (world.SLOT if rank == 1 else 3)]
-    out = {"world": [], "group": []}
+    out = {"world": [], "group": [], "then": [], "broadcast": [], "raised": ""}
     for obj in objects:
         want: list = [None] * dist.get_world_size()
         dist.all_gather_object(want, obj)
         out["world"].append(world.all_gather(obj) == want)
         if rank < 3:
             out["group"].append(world.all_gather((rank, obj), groups[3]) == list(enumerate(want[:3])))
+        # rank 0 gets every rank's object (a second gather for one beyond the slot) and answers all
+        out["then"].append(world.gather_then(obj, lambda got: (got, len(got))) == (want, len(want)))
+        sent = (want[0], list(range(40)))  # beyond a 64-byte slot: a second round
+        out["broadcast"].append(world.broadcast(sent if rank == 0 else "not rank 0's", slot=64) == sent)
+    try:
+        world.gather_then(rank, lambda got: 1 / (sum(got) - sum(got)))
+    except ZeroDivisionError as e:
+        out["raised"] = str(e)
     return out
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from . import world
 from .errors import StateError
 
+OUTCOME_SLOT = 1 << 10  # an outcome is None or one line: a longer one costs a second round
+
 
 @dataclass(frozen=True)
 class Failure:
@@ -67,12 +69,43 @@ def attempt(fn: Callable[[], object]) -> Exception | None:
 def agree(error: BaseException | None, group: world.Group = None) -> Failed | None:
     """One all-gather of every rank's outcome (`error`: this rank's, from `attempt`): every rank gets the
     same answer, None when all succeeded. A broken group raises `GroupError` (then no rank learns more)."""
-    mine = (
-        None if error is None else (getattr(error, "kind", ""), isinstance(error, StateError), _line(error))
-    )
-    outcomes = world.all_gather(mine, group)
+    outcomes = world.all_gather(_outcome(error), group, slot=OUTCOME_SLOT)
     failures = [Failure(r, *o) for r, o in enumerate(outcomes) if o is not None]
     return Failed(failures, world.rank(group), error) if failures else None
+
+
+def settle(error: BaseException | None, then: Callable[[], object], group: world.Group = None) -> Settled:
+    """`agree`, then rank 0's part `then` (a commit) when every rank succeeded, then `agree` on that: in
+    one gather to rank 0 and one broadcast instead of two all-gathers. Every rank learns the same: which
+    ranks failed, and whether `then` ran."""
+    own: list[BaseException] = []  # rank 0's exception from `then`: raised as its own
+
+    def decide(outcomes: list[tuple[str, bool, str] | None]) -> tuple[list[Failure], bool]:
+        failures = [Failure(r, *o) for r, o in enumerate(outcomes) if o is not None]
+        if failures:
+            return failures, False
+        e = attempt(then)
+        own.extend([e] if e is not None else [])
+        return ([Failure(0, *_outcome(e))] if e is not None else []), True
+
+    failures, ran = world.gather_then(_outcome(error), decide, group, slot=OUTCOME_SLOT)
+    mine = own[0] if own else error
+    return Settled(Failed(failures, world.rank(group), mine) if failures else None, ran)
+
+
+@dataclass
+class Settled:
+    """What `settle` tells every rank: what failed (None: nothing) and whether rank 0's part ran."""
+
+    failed: Failed | None
+    ran: bool
+
+
+def _outcome(error: BaseException | None) -> tuple[str, bool, str] | None:
+    """What the other ranks learn of this rank's part: None when it succeeded."""
+    if error is None:
+        return None
+    return getattr(error, "kind", ""), isinstance(error, StateError), _line(error)
 
 
 def _line(error: BaseException) -> str:

@@ -41,13 +41,6 @@ def describe(
     return RankShards(me, store, device, {n: s.describe() for n, s in shards.items()}, values)
 
 
-def gather(
-    store: str, shards: dict[str, LocalShard], values: dict[str, Any], group: world.Group = None
-) -> list[RankShards]:
-    """Every rank's shards and values; values are small (steps, hyperparameters, sampler positions)."""
-    return world.all_gather(describe(store, shards, values, group), group)
-
-
 @dataclass
 class Writers:
     """The writers' layout of a save (`writers(build_ptc(...))`, values apart), its manifest JSON, what
@@ -108,21 +101,25 @@ LAYOUTS = LayoutCache()
 def gather_writers(
     store: str, shards: dict[str, LocalShard], values: dict[str, Any], group: world.Group, bd: Breakdown
 ) -> tuple[Writers, dict[str, Any], str]:
-    """The writers' layout, the job's values and the save's id (rank 0's), which every rank's create and
-    put name so that no blob of another attempt at the step ends up in this save. One all-gather of each
-    rank's values, a digest of its shard descriptions and the layouts it knows; only when some rank lacks
-    this layout, a second one of the descriptions (every rank decides from the same gathered answers)."""
+    """The writers' layout, the job's values (on rank 0, which writes the manifest; empty elsewhere) and
+    the save's id (rank 0's), which every rank's create and put name so that no blob of another attempt at
+    the step ends up in this save. One gather to rank 0 of each rank's values, a digest of its shard
+    descriptions and the layouts it knows, and one broadcast of rank 0's answer; only when some rank lacks
+    this layout, an all-gather of the descriptions (every rank decides from the same answer)."""
     mine = describe(store, shards, {}, group)
     digest = _digest((mine.store, mine.device, mine.tensors))
-    with bd.phase("gather"):
-        answers = world.all_gather((digest, values, LAYOUTS.keys(), uuid.uuid4().hex), group)
-    key = _digest([a[0] for a in answers])
-    save_id = answers[0][3]
     merged: dict[str, Any] = {}
-    for _, vals, _, _ in answers:
-        for k, v in vals.items():
-            merged.setdefault(k, v)
-    if all(key in known for _, _, known, _ in answers):
+
+    def decide(answers: list[tuple[str, dict[str, Any], list[str]]]) -> tuple[str, bool, str]:
+        for _, vals, _ in answers:  # on rank 0 only: the values stay here
+            for k, v in vals.items():
+                merged.setdefault(k, v)
+        key = _digest([a[0] for a in answers])
+        return key, all(key in known for _, _, known in answers), uuid.uuid4().hex
+
+    with bd.phase("gather"):
+        key, known, save_id = world.gather_then((digest, values, LAYOUTS.keys()), decide, group)
+    if known:
         return LAYOUTS.get(key), merged, save_id
     with bd.phase("gather"):
         layouts = world.all_gather(mine, group)

@@ -22,7 +22,7 @@ from .breakdown import Breakdown
 from .durable import load_durable
 from .errors import KeyMismatchError, NoSnapshotError, ShapeMismatchError, StateError, UnrecoverableError
 from .fetch import HeldBoxes, drop_relays, moved_bytes, routes, shared_remote_boxes
-from .gathered import RankShards, build_ptc, gather, merged_values, subset
+from .gathered import RankShards, build_ptc, describe, merged_values, subset
 from .shards import LocalShard, local_shard
 from .snapshot import LoadInfo, Snapshot, Version, choose
 from .stores import resolve
@@ -54,9 +54,9 @@ def load(  # noqa: PLR0913 (the public signature, DCP-shaped: every option by ke
     to the newest one before it, then to `path`; `LoadInfo.skipped` lists those passed over, and why.
     """
     run = _Load(state_dict, job, step, resolve(store), strict, central, path, concurrency, process_group)
-    target = _describe(run)
-    urls = _stores(target, run.url, env.url_list(env.SOURCES) if sources is None else sources)
-    for snap in run.snapshots(urls):  # newest first: one that cannot be read gives way to the one before
+    target, urls, first = _describe(run, env.url_list(env.SOURCES) if sources is None else sources)
+    # newest first: one that cannot be read gives way to the one before
+    for snap in run.snapshots(urls, first):
         with run.bd.phase("plan"):
             p = _plan(snap, target, strict)
         if not p.complete:  # lost stores took pieces no copy holds (a save torn by a host's death reads
@@ -98,19 +98,18 @@ class _Load:
     first_error: BaseException | None = None  # the newest one's error
     no_more: StateError | None = None  # why no (older) snapshot could be chosen
 
-    def snapshots(self, urls: list[str]) -> Iterator[Snapshot]:
-        """The newest snapshot (of `step` if asked), then each one before the last one given, chosen by one
-        rank for all; ends, with `no_more` set, when none is left in memory or the stores cannot say."""
-        below: int | None = None
+    def snapshots(self, urls: list[str], first: Snapshot | StateError) -> Iterator[Snapshot]:
+        """The newest snapshot (of `step` if asked; `first`, chosen with the target's description), then
+        each one before the last one given, chosen by one rank for all; ends, with `no_more` set, when none
+        is left in memory or the stores cannot say."""
+        snap = first
         while True:
-            try:
-                with self.bd.phase("choose"):
-                    snap = world.decide(partial(choose, self.job, self.step, urls, below=below), self.group)
-            except StateError as e:
-                self.no_more = e
+            if isinstance(snap, StateError):
+                self.no_more = snap
                 return
             yield snap
-            below = snap.step
+            with self.bd.phase("choose"):
+                snap = world.decide(partial(_choose, self.job, self.step, urls, snap.step), self.group)
 
     def skip(self, step: int, why: str, error: BaseException) -> None:
         self.skipped.append({"step": step, "error": why})
@@ -155,22 +154,40 @@ class _Target:
     new: PTC
 
 
-def _describe(run: _Load) -> _Target:
+def _describe(run: _Load, sources: list[str]) -> tuple[_Target, list[str], Snapshot | StateError]:
+    """The target layout, the stores to search, and the newest snapshot (or why none): every rank's
+    shards gathered to rank 0, which chooses the snapshot for all, in one gather and one broadcast."""
     with run.bd.phase("describe"):
         tree = expand(run.state_dict)
         tensors, values = flatten(tree)
         shards = {n: local_shard(n, t) for n, t in tensors.items()}
-    with run.bd.phase("gather"):
-        layouts = gather(run.url, shards, values, run.group)
+    mine = describe(run.url, shards, values, run.group)
+
+    def choose_first(layouts: list[RankShards]) -> tuple[list[RankShards], Snapshot | StateError, float]:
+        t = time.perf_counter()
+        first = _choose(run.job, run.step, _stores(layouts, run.url, sources), None)
+        return layouts, first, time.perf_counter() - t
+
+    t = time.perf_counter()
+    layouts, first, choosing = world.gather_then(mine, choose_first, run.group)
+    run.bd.add("gather", time.perf_counter() - t - choosing)
+    run.bd.add("choose", choosing)  # rank 0's, which every rank waits for
     with run.bd.phase("plan"):
-        return _Target(tree, values, shards, layouts, merged_values(layouts), build_ptc(layouts))
+        target = _Target(tree, values, shards, layouts, merged_values(layouts), build_ptc(layouts))
+    return target, _stores(layouts, run.url, sources), first
 
 
-def _stores(target: _Target, url: str, sources: list[str]) -> list[str]:
+def _choose(job: str, step: int | None, urls: list[str], below: int | None) -> Snapshot | StateError:
+    """The snapshot to read, or why there is none (a value: every rank takes it as the answer)."""
+    try:
+        return choose(job, step, urls, below=below)
+    except StateError as e:
+        return e
+
+
+def _stores(layouts: list[RankShards], url: str, sources: list[str]) -> list[str]:
     """Where to look for the snapshot: this rank's store first, then every rank's and the `sources`."""
-    return sorted(
-        {lay.store for lay in target.layouts} | {resolve(s) for s in sources}, key=lambda u: u != url
-    )
+    return sorted({lay.store for lay in layouts} | {resolve(s) for s in sources}, key=lambda u: u != url)
 
 
 def _plan(snap: Snapshot, target: _Target, strict: bool) -> Plan:

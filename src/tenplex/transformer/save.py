@@ -16,7 +16,7 @@ from ..ptc import values as value_codec
 from ..store import MemoryLimitError, StoreClient, StoreError
 from ..util import collector
 from . import world
-from .agree import Failed, agree, attempt
+from .agree import Failed, attempt, settle
 from .breakdown import Breakdown
 from .commit import commit
 from .errors import SaveTimeoutError, StateError
@@ -238,16 +238,15 @@ class _Commit:
     def finish(self) -> None:
         bd = self.handle.breakdown
         self.copy.run()
-        with bd.phase("barrier"):
-            failed = agree(self.copy.error, self.group)
-        if failed is not None:
-            self.copy.abandon()
-            self._raise(failed)
-        error = attempt(self._commit) if self.me == 0 else None
-        with bd.phase("barrier"):  # none waits for rank 0 at a later barrier if its commit failed
-            failed = agree(error, self.group)
-        if failed is not None:
-            self._raise(failed)
+        commit = self._commit if self.me == 0 else lambda: None
+        before, t = bd.as_dict(), time.perf_counter()  # every rank's copy, then rank 0's commit
+        settled = settle(self.copy.error, commit, self.group)
+        committing = sum(bd.as_dict().get(k, 0.0) - before.get(k, 0.0) for k in ("commit", "retain"))
+        bd.add("barrier", time.perf_counter() - t - committing)  # the wait: rank 0's commit is its own phase
+        if settled.failed is not None:
+            if not settled.ran:  # a copy failed: nothing was committed
+                self.copy.abandon()
+            self._raise(settled.failed)
 
     def _commit(self) -> None:
         self.handle.replication.update(commit(self.manifest, self.blobs, self.keep, self.handle.breakdown))

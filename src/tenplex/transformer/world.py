@@ -9,6 +9,7 @@ import atexit
 import pickle
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any, TypeVar
 
 import torch
@@ -35,49 +36,109 @@ def size(group: Group = None) -> int:
 
 SLOT = 64 << 10  # bytes each rank's object takes in the first round, its 8-byte length included
 ROUND = 4 << 20  # at most this many bytes gathered in a first round (many ranks: smaller slots)
+GATHER_SLOT = 64 << 10  # a gather's first round: a few hundred tensors' descriptions, a job's values
+REPLY_SLOT = 4 << 10  # the first round of a broadcast: an outcome, an id, a decision
 
 
-def all_gather(obj: Any, group: Group = None) -> list[Any]:
-    """Every rank's `obj`, in rank order: gathered to rank 0 and broadcast from there, in fixed slots;
-    when an object does not fit its slot, once more with slots of the longest. Why not
-    `all_gather_object`: it runs two of gloo's ring all-gathers (lengths, then bytes), each a step per rank
-    and each step waiting for a process that may be off its core, where this is one gather and one
-    broadcast; a save and a load call this five times between them (their `gather` and `barrier` phases
-    in `python benchmarks/bench_reconfig.py`, results/bench_reconfig.json)."""
+def all_gather(obj: Any, group: Group = None, slot: int = SLOT) -> list[Any]:
+    """Every rank's `obj`, in rank order: gathered to rank 0 and broadcast from there, in fixed slots
+    (`slot` bytes each at most, fewer with many ranks); when an object does not fit its slot, once more
+    with slots of the longest. Why not `all_gather_object`: it runs two of gloo's ring all-gathers
+    (lengths, then bytes), each a step per rank and each step waiting for a process that may be off its
+    core, where this is one gather and one broadcast. Every rank's slot travels to every rank: small
+    objects take a small `slot`."""
     if not active():
         return [obj]
     n = size(group)
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    found, lengths = _exchange(data, max(64, min(SLOT, ROUND // n)), n, group)
+    found, lengths = _exchange(data, max(64, min(slot, ROUND // n)), n, group)
     if None in found:
         found, _ = _exchange(data, max(lengths) + 8, n, group)
     return [pickle.loads(b) for b in found]
 
 
-def _exchange(data: bytes, slot: int, n: int, group: Group) -> tuple[list[bytes | None], list[int]]:
-    """One gather to rank 0 and one broadcast of every rank's slot (its length, then its bytes if they
-    fit): the bytes of each rank (None where they did not fit) and every rank's length."""
+def _framed(data: bytes, slot: int) -> torch.Tensor:
+    """`slot` bytes: the length of `data`, then `data` if it fits."""
     mine = torch.zeros(slot, dtype=torch.uint8)
     mine[:8] = torch.frombuffer(bytearray(len(data).to_bytes(8, "little")), dtype=torch.uint8)
     if len(data) <= slot - 8:
         mine[8 : 8 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    return mine
+
+
+def _unframed(raw: Any, slot: int) -> tuple[bytes | None, int]:
+    """What `_framed` made (None where it did not fit) and the length it named."""
+    k = int.from_bytes(raw[:8].tobytes(), "little")
+    return (raw[8 : 8 + k].tobytes() if k <= slot - 8 else None), k
+
+
+def _exchange(data: bytes, slot: int, n: int, group: Group) -> tuple[list[bytes | None], list[int]]:
+    """One gather to rank 0 and one broadcast of every rank's slot (its length, then its bytes if they
+    fit): the bytes of each rank (None where they did not fit) and every rank's length."""
     every = torch.empty((n, slot), dtype=torch.uint8)
     with collective("an all-gather"):
-        dist.gather(mine, list(every) if rank(group) == 0 else None, group=group, group_dst=0)
+        dist.gather(_framed(data, slot), list(every) if rank(group) == 0 else None, group=group, group_dst=0)
         dist.broadcast(every, group=group, group_src=0)
-    raw = every.numpy()
-    lengths = [int.from_bytes(raw[i, :8].tobytes(), "little") for i in range(n)]
-    return [raw[i, 8 : 8 + k].tobytes() if k <= slot - 8 else None for i, k in enumerate(lengths)], lengths
+    found = [_unframed(row, slot) for row in every.numpy()]
+    return [b for b, _ in found], [k for _, k in found]
 
 
-def broadcast(obj: Any, group: Group = None) -> Any:
-    """rank 0 of `group` sends `obj` to the others."""
+def broadcast(obj: Any, group: Group = None, slot: int = REPLY_SLOT) -> Any:
+    """rank 0 of `group` sends `obj` to the others: one broadcast of `slot` bytes, and one of the rest
+    when it is longer (`broadcast_object_list` always takes two: the length, then the bytes)."""
     if not active():
         return obj
-    box = [obj]
+    me = rank(group)
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) if me == 0 else b""
     with collective("a broadcast"):
-        dist.broadcast_object_list(box, group_src=0, group=group)
-    return box[0]
+        first = _framed(data, slot) if me == 0 else torch.empty(slot, dtype=torch.uint8)
+        dist.broadcast(first, group=group, group_src=0)
+        whole, k = _unframed(first.numpy(), slot)
+        if whole is None:
+            rest = (
+                torch.frombuffer(bytearray(data), dtype=torch.uint8)
+                if me == 0
+                else torch.empty(k, dtype=torch.uint8)
+            )
+            dist.broadcast(rest, group=group, group_src=0)
+            whole = rest.numpy().tobytes()
+    return obj if me == 0 else pickle.loads(whole)
+
+
+def gather_then(obj: Any, fn: Callable[[list[Any]], T], group: Group = None, slot: int = GATHER_SLOT) -> T:
+    """Every rank's `obj` to rank 0, which runs `fn` on them (in rank order); every rank returns its
+    result or raises its exception. One gather and one broadcast where an all-gather and then `decide`
+    take four collectives: what is gathered goes to rank 0 only, what it decided comes back. A rank's
+    object longer than `slot` costs one more gather."""
+    if not active():
+        return fn([obj])
+    n, me = size(group), rank(group)
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    while True:
+        every = torch.empty((n, slot), dtype=torch.uint8) if me == 0 else None
+        with collective("a gather"):
+            dist.gather(_framed(data, slot), None if every is None else list(every), group=group, group_dst=0)
+        reply: tuple[str, Any] = ("", None)
+        if every is not None:
+            found = [_unframed(row, slot) for row in every.numpy()]
+            if any(b is None for b, _ in found):
+                reply = ("again", max(k for _, k in found) + 8)
+            else:
+                reply = _outcome(partial(fn, [pickle.loads(b) for b, _ in found]))  # type: ignore[arg-type]
+        kind, value = broadcast(reply, group)
+        if kind == "again":
+            slot = value
+            continue
+        if kind == "raised":
+            raise value
+        return value
+
+
+def _outcome(fn: Callable[[], Any]) -> tuple[str, Any]:
+    try:
+        return ("ok", fn())
+    except Exception as e:  # handed to every rank, raised there
+        return ("raised", e)
 
 
 @contextmanager
@@ -96,14 +157,8 @@ def decide(fn: Callable[[], T], group: Group = None) -> T:
     all ranks act on one answer (a store that answers one rank and not another cannot split them)."""
     if not active():
         return fn()
-    outcome: tuple[bool, Any] = (True, None)
-    if rank(group) == 0:
-        try:
-            outcome = (True, fn())
-        except Exception as e:  # handed to every rank, raised there
-            outcome = (False, e)
-    ok, value = broadcast(outcome, group)
-    if not ok:
+    kind, value = broadcast(_outcome(fn) if rank(group) == 0 else None, group)
+    if kind == "raised":
         raise value
     return value
 

@@ -1,0 +1,54 @@
+"""benchmarks/bench_small.py end to end with --quick: real stores, a real 2-rank gloo world, the Hugging Face
+and torchtitan states, tenplex and DCP on the same ranks, every load checked bit for bit."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from small_worker import check  # noqa: E402
+
+PARTS = ("save", "load_same", "load_reshard")
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(90)
+def test_quick_run_times_tenplex_and_dcp_on_the_same_states_and_checks_every_load(tmp_path):
+    pytest.importorskip("transformers", reason="the hf extra is not installed")
+    pytest.importorskip("torchtitan", reason="the titan extra is not installed")
+    out = tmp_path / "small.json"
+    argv = [sys.executable, "benchmarks/bench_small.py", "--quick", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=80)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["repeat"] == 3 and doc["command"].startswith("python benchmarks/bench_small.py --quick")
+    rows = {r["state"]: r for r in doc["rows"]}
+    assert set(rows) == {"hf", "titan", "tiny"} and {r["ranks"] for r in rows.values()} == {2}
+    for name in ("hf", "titan"):
+        r = rows[name]
+        assert r["bad"] == [] and 60 <= r["tensors"] <= 200 and 0.5 < r["MB"] < 20, r
+        for part in PARTS:
+            assert r[f"tenplex_{part}_s"] > 0 and r[f"dcp_{part}_s"] > 0
+            assert r[f"x_{part}"] == pytest.approx(r[f"tenplex_{part}_s"] / r[f"dcp_{part}_s"])
+            assert r[f"tenplex_{part}_s"] <= r[f"tenplex_{part}_median_s"]
+        assert {"copy", "commit", "barrier"} <= set(r["save_phases"]) and "reads" in r["load_phases"]
+    tiny = rows["tiny"]
+    assert tiny["bad"] == [] and tiny["tensors"] == 8 and "x_load_reshard" not in tiny
+
+
+def test_the_check_tells_a_wrong_or_missing_tensor_bit_for_bit():
+    expected = {"a": torch.tensor([1.0, float("nan")]), "b": torch.tensor([0.0]), "c": torch.tensor(3)}
+    same = {"a": torch.tensor([1.0, float("nan")]), "b": torch.tensor([0.0]), "c": torch.tensor(3)}
+    assert check(same, expected) == []
+    wrong = {"a": torch.tensor([1.0, 2.0]), "b": torch.tensor([-0.0]), "x": torch.tensor(1)}
+    assert check(wrong, expected) == ["a", "b", "c", "x"]

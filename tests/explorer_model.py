@@ -51,7 +51,10 @@ class RankHandle:
     rank: int
 
 
-_real = {k: getattr(world, k) for k in ("active", "rank", "size", "all_gather", "decide")}
+_real = {
+    k: getattr(world, k)
+    for k in ("active", "rank", "size", "all_gather", "decide", "gather_then", "broadcast")
+}
 
 
 def _rank(group: Any = None) -> int:
@@ -62,9 +65,9 @@ def _size(group: Any = None) -> int:
     return group.group.n if isinstance(group, RankHandle) else _real["size"](group)
 
 
-def _all_gather(obj: Any, group: Any = None) -> list[Any]:
+def _all_gather(obj: Any, group: Any = None, **slot: int) -> list[Any]:
     if not isinstance(group, RankHandle):
-        return _real["all_gather"](obj, group)
+        return _real["all_gather"](obj, group, **slot)
     g = group.group
     g.slots[group.rank] = obj
     g.barrier.wait()
@@ -86,6 +89,19 @@ def _decide(fn: Any, group: Any = None) -> Any:
     if not ok:
         raise value
     return value
+
+
+def _gather_then(obj: Any, fn: Any, group: Any = None, **slot: int) -> Any:
+    if not isinstance(group, RankHandle):
+        return _real["gather_then"](obj, fn, group, **slot)
+    every = _all_gather(obj, group)
+    return _decide(lambda: fn(every), group)
+
+
+def _broadcast(obj: Any, group: Any = None, **slot: int) -> Any:
+    if not isinstance(group, RankHandle):
+        return _real["broadcast"](obj, group, **slot)
+    return _all_gather(obj, group)[0]
 
 
 def run_ranks(fns: list[Any], group: ThreadGroup) -> list[BaseException | None]:
@@ -155,6 +171,7 @@ HOOK = CommitHook()
 def install() -> None:
     """Patch `world` (dispatching on `RankHandle` only) and the save's client (spying only when armed)."""
     world.rank, world.size, world.all_gather, world.decide = _rank, _size, _all_gather, _decide
+    world.gather_then, world.broadcast = _gather_then, _broadcast
     commit_mod.client = HOOK.client
 
 

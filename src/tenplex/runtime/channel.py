@@ -58,14 +58,23 @@ def _went(value: bytes | str) -> tuple[bool, float]:
     return word == "go", float(when or 0.0)
 
 
-def tell(address: str, key: str, code: int) -> None:
+def tell(address: str, key: str, code: int, tries: int = 3) -> None:
     """One exit code into the runtime's store, over a connection of its own that ends with the call: a
-    standby process or the zygote, which forks, never holds one across a fork."""
-    store = _connect(address, TELL_S)
-    try:
-        store.set(key, str(code))
-    finally:
-        del store
+    standby process or the zygote, which forks, never holds one across a fork. A connection that breaks
+    is made again: a code never told reads as a kill (many spares ending at once on a loaded machine lost
+    one now and then)."""
+    for attempt in range(tries):
+        try:
+            store = _connect(address, TELL_S)
+            try:
+                store.set(key, str(code))
+                return
+            finally:
+                del store
+        except (ChannelError, RuntimeError) as e:
+            if attempt == tries - 1:
+                raise ChannelError(f"could not tell {key} to {address}: {_said(e)}") from None
+            time.sleep(0.05)
 
 
 class Channel:

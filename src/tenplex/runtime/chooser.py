@@ -17,6 +17,7 @@ from importlib import resources
 from typing import Any
 
 import numpy as np
+from scipy.optimize import nnls
 
 from ..ptc import GPTConfig, ModelSpec, PTCError, preset
 from ..ptc.layout import Layout, layouts
@@ -100,8 +101,6 @@ class CostModel:
                 for r in rows
             ]
         )
-        from scipy.optimize import nnls  # only where a model is fitted: a seconds-long import on few cores
-
         y = np.array([r["step_time_s"] for r in rows])
         return cls(nnls(X / y[:, None], np.ones(len(y)))[0], cores)  # relative error: each row counts alike
 

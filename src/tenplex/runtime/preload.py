@@ -3,6 +3,8 @@ an agent's worker (`worker.py`), never while the job waits for it."""
 
 from __future__ import annotations
 
+from ..util import env
+
 _preloaded = False  # a fork of a zygote that preloaded has it all: it inherits the flag with the rest
 
 
@@ -12,17 +14,19 @@ def preload() -> None:
     global _preloaded
     if _preloaded:
         return
-    import scipy.optimize  # noqa: F401 - the chooser's fit, where a rank chooses its layout without a table
     import torch
     import torch.distributed.checkpoint
     import torch.distributed.fsdp
     import torch.distributed.pipelining
     import torch.distributed.tensor.parallel  # noqa: F401
 
-    import tenplex.runtime.chooser
     import tenplex.runtime.job
-    import tenplex.runtime.reference_rank  # noqa: F401
+    import tenplex.runtime.reference_rank
     from tenplex.train.warmup import warm_up
+
+    if env.flag(env.CHOOSES):  # an agent's workers choose the layout of each round's world themselves
+        import tenplex.runtime.chooser  # noqa: F401 - (scipy: seconds on few cores); `tenplex run` tells its
+        # ranks theirs: their zygotes' preload stays as it was
 
     warm_up()
     _preloaded = True

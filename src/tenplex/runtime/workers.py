@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..util import env
 from ..util.net import free_port
 from .channel import Channel
 from .record_types import Warm, WorkerFailed
@@ -48,7 +49,11 @@ class Workers:
         # the zygote dies with the agent, the workers with the zygote; in a session of their own, a Ctrl-C
         # reaches only the agent (a planned leave: the workers save first)
         self.pool = StandbyPool(
-            run_dir / "zygote.log", dict(os.environ), self.channel, die_with_parent=True, session=True
+            run_dir / "zygote.log",
+            {**os.environ, env.CHOOSES: "1"},
+            self.channel,
+            die_with_parent=True,
+            session=True,
         )
         self.spawned = 0
         self.slots = [self._spawn() for _ in range(nproc)]

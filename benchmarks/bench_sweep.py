@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -329,9 +330,7 @@ def main() -> None:
     try:
         rows = sweep(args, plan_points(args), shm)
     finally:
-        for f in sorted(shm.rglob("*"), reverse=True):
-            f.rmdir() if f.is_dir() else f.unlink()
-        shm.rmdir()
+        shutil.rmtree(shm, ignore_errors=True)
     wall = time.perf_counter() - started
     after = floors(procs, rounds)
     report(args, finish(rows, best_floors(before, after)), before, after, procs, wall)

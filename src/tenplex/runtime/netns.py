@@ -36,10 +36,10 @@ SUBNET = "10.77.0"  # private; each run's bridge is isolated in its own namespac
 NIC = "nic0"  # the host's interface, the same name in every host (GLOO_SOCKET_IFNAME)
 MAX_HOSTS = 250
 # the shaper's token bucket (tc-tbf), settings chosen rather than measured: a burst of at least one GSO
-# packet and of TBF_BURST_S of line rate, packets queued up to TBF_LATENCY (tc's usual) before they drop
+# packet and of TBF_BURST_S of line rate, packets queued up to TBF_LATENCY_MS (tc's usual) before they drop
 TBF_MIN_BURST = 256 << 10
 TBF_BURST_S = 0.002
-TBF_LATENCY = "50ms"
+TBF_LATENCY_MS = 50
 
 
 class NetnsError(TenplexError):
@@ -200,9 +200,9 @@ class Network:
             parent = ["parent", "1:1"]
         if self.gbps:
             rate = self.gbps * 1e9 / 8  # bytes/s
-            burst = max(TBF_MIN_BURST, int(rate * TBF_BURST_S))
+            burst, latency = max(TBF_MIN_BURST, int(rate * TBF_BURST_S)), f"{TBF_LATENCY_MS}ms"
             self._tc(ns, "qdisc", "add", "dev", dev, *parent, "handle", "2:", "tbf", "rate",
-                     f"{int(self.gbps * 1e9)}bit", "burst", str(burst), "latency", TBF_LATENCY)  # fmt: skip
+                     f"{int(self.gbps * 1e9)}bit", "burst", str(burst), "latency", latency)  # fmt: skip
 
     def popen(self, name: str, command: list[str], **kw) -> subprocess.Popen:
         """Start `command` inside host `name` (its own network; the machine's files and shared memory).

@@ -238,9 +238,8 @@ class _Commit:
     def finish(self) -> None:
         bd = self.handle.breakdown
         self.copy.run()
-        commit = self._commit if self.me == 0 else lambda: None
         before, t = bd.as_dict(), time.perf_counter()  # every rank's copy, then rank 0's commit
-        settled = settle(self.copy.error, commit, self.group)
+        settled = settle(self.copy.error, self._commit, self.group)  # `settle` runs it on rank 0 only
         committing = sum(bd.as_dict().get(k, 0.0) - before.get(k, 0.0) for k in ("commit", "retain"))
         bd.add("barrier", time.perf_counter() - t - committing)  # the wait: rank 0's commit is its own phase
         if settled.failed is not None:

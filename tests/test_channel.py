@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tenplex.runtime.channel import Channel, ChannelError, RankChannel
+from tenplex.runtime.channel import Channel, ChannelError, RankChannel, put
 from tenplex.util import free_port
 
 
@@ -27,6 +27,16 @@ def test_stop_is_seen_by_the_phase_it_names_only(channel) -> None:
     assert not one.stop_asked()
     channel.stop(1)
     assert one.stop_asked() and not two.stop_asked()
+
+
+def test_a_put_is_seen_at_once_on_every_other_connection(channel) -> None:
+    """torch's `set` returns before the store applied it: a reader on another connection that asks right
+    after could miss it (this test's reads did, many times in each run, until `put` waited)."""
+    reader = RankChannel(channel.address, 0).store
+    missed = [
+        i for i in range(3000) if not (put(channel.store, f"seen/{i}", "1") or reader.check([f"seen/{i}"]))
+    ]
+    assert not missed, f"{len(missed)} keys were not seen right after their put"
 
 
 def test_a_turn_is_given_once_the_first_word_wins(channel) -> None:

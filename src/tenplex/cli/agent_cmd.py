@@ -130,6 +130,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _stop(args: argparse.Namespace) -> int:
+    from ..runtime.channel import put
     from ..runtime.rounds import job_key
 
     if args.run_dir:
@@ -141,6 +142,6 @@ def _stop(args: argparse.Namespace) -> int:
         return 0
 
     base, agents = _job(args)
-    base.set(job_key(args.rdzv_id, "stop"), json.dumps({"time": time.time()}))
+    put(base, job_key(args.rdzv_id, "stop"), json.dumps({"time": time.time()}))
     print(f"job {args.rdzv_id}: stop requested ({len(agents)} agents saw the job); they save and end")
     return 0

@@ -33,6 +33,7 @@ from ..util import env, logs
 from . import rendezvous
 from .agentconfig import AgentConfig
 from .beacon import Beacon
+from .channel import put
 from .durable_tier import EveryNth
 from .record_types import Change, End, FoundLost, Left, RoundFormed, RoundLoaded, Store
 from .records import Records
@@ -124,9 +125,9 @@ class Agent:
         run_id = self.cfg.run_id
         register_store(self.base, run_id, self.entry)
         self.base.delete_key(job_key(run_id, "left", self.entry.url))  # back on its port: a member again
-        rs.set(f"tenplex/node/{node}", json.dumps({"store": self.entry.to_json(), "nproc": self.cfg.nproc}))
+        put(rs, f"tenplex/node/{node}", json.dumps({"store": self.entry.to_json(), "nproc": self.cfg.nproc}))
         if node == 0:
-            rs.set("tenplex/round", str(self.base.add(job_key(run_id, "rounds"), 1)))
+            put(rs, "tenplex/round", str(self.base.add(job_key(run_id, "rounds"), 1)))
         members = [json.loads(rs.get(f"tenplex/node/{i}")) for i in range(nodes)]
         number = int(rs.get("tenplex/round"))
         entries = [StoreEntry.from_json(m["store"]) for m in members]
@@ -194,7 +195,7 @@ class Agent:
         assert self.base is not None
         self.workers.stop(rnd, why, self.broken)
         if not has(self.base, job_key(self.cfg.run_id, "change", rnd.number)):
-            self.base.set(job_key(self.cfg.run_id, "change", rnd.number), why)
+            put(self.base, job_key(self.cfg.run_id, "change", rnd.number), why)
             self.records.write(Change(rnd.number, why))
 
     def _supervise(self, rnd: Round) -> str:
@@ -208,7 +209,7 @@ class Agent:
                 if silent:
                     self.broken = True  # its workers' peers may wait on it in a collective forever
                     assert self.base is not None  # the other agents expect the next round without it
-                    self.base.set(job_key(self.cfg.run_id, "lost", rnd.number, silent), "1")
+                    put(self.base, job_key(self.cfg.run_id, "lost", rnd.number, silent), "1")
                     self._request_change(rnd, f"lost: the agent of {silent} fell silent")
                     return "change"
             why = self._why_end(rnd)
@@ -221,7 +222,7 @@ class Agent:
         if len(ended) == self.cfg.nproc and all(e["outcome"] == "done" for e in ended.values()):
             return "done"
         if self.leaving:  # said before the change, so the others expect the next round without this node
-            self.base.set(job_key(run_id, "left", self.entry.url), "1")
+            put(self.base, job_key(run_id, "left", self.entry.url), "1")
             self._request_change(rnd, "leave")
             return "leave"
         if has(self.base, job_key(run_id, "stop")):
@@ -251,7 +252,7 @@ class Agent:
         assert self.base is not None
         gone = {i for i, url in enumerate(rnd.stores) if url != self.entry.url and refuses(url)}
         for i in sorted(gone):
-            self.base.set(job_key(self.cfg.run_id, "lost", rnd.number, rnd.stores[i]), "1")
+            put(self.base, job_key(self.cfg.run_id, "lost", rnd.number, rnd.stores[i]), "1")
             self.records.write(FoundLost(rnd.number, rnd.stores[i]))
         if gone:
             rendezvous.drop(self.handler, gone)
@@ -263,7 +264,7 @@ class Agent:
         assert self.base is not None
         if rnd.node_rank == 0 and self.marked < rnd.number and self.workers.ready(rnd):
             self.marked = rnd.number  # the round's ranks loaded: a host that left may stop its store now
-            self.base.set(job_key(self.cfg.run_id, "loaded"), str(rnd.number))
+            put(self.base, job_key(self.cfg.run_id, "loaded"), str(rnd.number))
             self.records.write(RoundLoaded(rnd.number))
         if rnd.node_rank == 0 and self.cfg.persist_every:
             self._persist(rnd)

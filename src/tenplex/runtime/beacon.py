@@ -10,6 +10,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from .channel import put
+
 
 class Beacon(threading.Thread):
     """This agent's status in the rendezvous store, written every second by a thread of its own, whatever
@@ -27,7 +29,7 @@ class Beacon(threading.Thread):
         while not self.stop.is_set():
             beat += 1
             try:
-                self.store.set(self.key, json.dumps({**self.status(), "beat": beat, "time": time.time()}))
+                put(self.store, self.key, json.dumps({**self.status(), "beat": beat, "time": time.time()}))
             except RuntimeError:  # the rendezvous store is gone: the main loop finds out too
                 return
             self.stop.wait(1.0)

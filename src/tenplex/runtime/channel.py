@@ -58,6 +58,14 @@ def _went(value: bytes | str) -> tuple[bool, float]:
     return word == "go", float(when or 0.0)
 
 
+def put(store: Any, key: str, value: str) -> None:
+    """`TCPStore.set`, returned only once the store applied it. Why: torch's `set` sends and returns
+    without an answer, so a reader on another connection could still miss the key (reads right after a
+    set often did on a loaded machine); an answered request on the same connection is served after it."""
+    store.set(key, value)
+    store.check([key])
+
+
 def tell(address: str, key: str, code: int, tries: int = 3) -> None:
     """One exit code into the runtime's store, over a connection of its own that ends with the call: a
     standby process or the zygote, which forks, never holds one across a fork. A connection that breaks
@@ -67,7 +75,7 @@ def tell(address: str, key: str, code: int, tries: int = 3) -> None:
         try:
             store = _connect(address, TELL_S)
             try:
-                store.set(key, str(code))
+                put(store, key, str(code))
                 return
             finally:
                 del store
@@ -108,14 +116,14 @@ class Channel:
         return self._store
 
     def stop(self, phase: int) -> None:
-        self.store.set(f"stop/{phase}", "1")
+        put(self.store, f"stop/{phase}", "1")
 
     def fire(self, phase: int, step: int) -> None:
-        self.store.set(f"fired/{phase}/{step}", "1")
+        put(self.store, f"fired/{phase}/{step}", "1")
 
     def name_next(self, phase: int, after: int) -> None:
         """Phase `phase` was started ahead after phase `after`: `after`'s rank 0 gives it its turn."""
-        self.store.set(f"next/{after}", str(phase))
+        put(self.store, f"next/{after}", str(phase))
 
     def go(self, phase: int) -> bool:
         """Give phase `phase` its turn unless it was cancelled; whether it goes."""

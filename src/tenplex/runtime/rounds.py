@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from ..ptc import TenplexError
 from ..util import env
+from .channel import put
 
 AGENT = "TENPLEX_AGENT"  # host:port of this host's agent store (set by the agent for its workers)
 INBOX = "TENPLEX_AGENT_INBOX"  # where this worker process's commands come (one per process started)
@@ -125,7 +126,7 @@ def register_store(base: dist.Store, run_id: str, entry: StoreEntry) -> None:
     if entry in known_stores(base, run_id):
         return
     i = base.add(job_key(run_id, "stores"), 1) - 1
-    base.set(job_key(run_id, "store", i), entry.to_json())
+    put(base, job_key(run_id, "store", i), entry.to_json())
 
 
 def known_stores(base: dist.Store, run_id: str) -> list[StoreEntry]:
@@ -160,7 +161,7 @@ def mark_ready(job: str) -> None:
     in the stores (what the agent persists)."""
     store, number = agent_store(), os.environ.get(ROUND)
     if store is not None and number:
-        store.set(f"ready/{number}", job)
+        put(store, f"ready/{number}", job)
 
 
 def records_dir(out: str | None) -> str | None:

@@ -24,6 +24,7 @@ import traceback
 from datetime import timedelta
 
 from ..util.collector import freeze_imports
+from .channel import put
 from .preload import preload
 from .rounds import AgentError, Round, agent_store, ended_at_last_step, forget_end, has, worker_agent
 
@@ -86,7 +87,7 @@ def serve(target: list[str]) -> int:
     store.set_timeout(timedelta(seconds=WAIT_S))
     preload()  # what the script would import after the round formed, before this host joins
     freeze_imports()
-    store.set(f"warm/{inbox}", "1")
+    put(store, f"warm/{inbox}", "1")
     n = 0
     while True:
         store.wait([f"cmd/{inbox}/{n}"])
@@ -100,13 +101,13 @@ def serve(target: list[str]) -> int:
         forget_end()
         outcome, message = run_target(target)
         if outcome == "error":  # the agent hears of it now, not after the teardown: the next round forms
-            store.set(f"broke/{rnd.number}/{slot}", message)  # while this process still cleans up
+            put(store, f"broke/{rnd.number}/{slot}", message)  # while this process still cleans up
         clear_round(BROKEN_GRACE_S if outcome == "error" else COMMIT_GRACE_S)
         reached = ended_at_last_step()
         if outcome == "done" and (not reached if reached is not None else has(store, f"stop/{rnd.number}")):
             outcome = "stopped"  # the round ended for a change, not because the job is done
         record = {"outcome": outcome, "error": message, "started": started, "ended": time.time()}
-        store.set(f"parked/{rnd.number}/{slot}", json.dumps(record))
+        put(store, f"parked/{rnd.number}/{slot}", json.dumps(record))
         sys.stdout.flush()
         sys.stderr.flush()
 

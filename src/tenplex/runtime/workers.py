@@ -20,7 +20,7 @@ from typing import Any
 
 from ..util import env
 from ..util.net import free_port
-from .channel import Channel
+from .channel import Channel, put
 from .record_types import Warm, WorkerFailed
 from .records import Records
 from .rounds import AgentError, Round, has
@@ -92,7 +92,7 @@ class Workers:
         return self.run_dir / f"worker-p{w.inbox}.log"
 
     def _send(self, w: Process, cmd: dict[str, Any]) -> None:
-        self.store.set(f"cmd/{w.inbox}/{w.sent}", json.dumps(cmd))
+        put(self.store, f"cmd/{w.inbox}/{w.sent}", json.dumps(cmd))
         w.sent += 1
 
     def hand(self, rnd: Round) -> None:
@@ -103,8 +103,8 @@ class Workers:
         """The round stops at its next step boundary (each worker's `ElasticJob.running` asks); a broken
         one's workers also stop waiting on commits that wait on the gone (`ElasticJob._wait_commit`)."""
         if broken:
-            self.store.set(f"broken/{rnd.number}", why)
-        self.store.set(f"stop/{rnd.number}", why)
+            put(self.store, f"broken/{rnd.number}", why)
+        put(self.store, f"stop/{rnd.number}", why)
 
     def ready(self, rnd: Round) -> bool:
         """Whether the round's ranks have loaded (rank 0 says so, on node 0)."""

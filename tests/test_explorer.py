@@ -517,7 +517,7 @@ def _stores():
 def test_explorer():
     """The default run: derandomized under CI; known-broken tags are counted, not failed."""
     started = time.monotonic()
-    Explorer.budget_end = started + float(os.environ.get("TENPLEX_EXPLORE_BUDGET_S", "150"))
+    Explorer.budget_end = started + float(os.environ.get("TENPLEX_EXPLORE_BUDGET_S", "60"))
     try:
         run_state_machine_as_test(Explorer, settings=DEFAULT)
     finally:

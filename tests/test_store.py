@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -31,8 +33,39 @@ from tenplex.store import (
     start_store,
 )
 from tenplex.store.keys import NUMPY_DTYPE
+from tenplex.store.protocol import Conn
 
 pytestmark = pytest.mark.timeout(120)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 300_000), max_size=40) | st.lists(st.integers(0, 64), max_size=1200),
+    early=st.integers(0, 5000),
+)
+def test_gather_writes_and_scatter_reads_carry_any_views_however_the_kernel_cuts_them(sizes, early):
+    """A read's many boxes go out in a few `sendmsg` calls and land by `recvmsg_into`: each call may move
+    any number of bytes, stopping mid-view, and the first bytes may have come with the answer's head."""
+    body = np.random.default_rng(len(sizes)).integers(0, 256, size=sum(sizes), dtype=np.uint8)
+    a, b = socket.socketpair()
+    for sock, opt in ((a, socket.SO_SNDBUF), (b, socket.SO_RCVBUF)):
+        sock.setsockopt(socket.SOL_SOCKET, opt, 4096)  # small buffers: partial calls all the time
+        sock.settimeout(10)  # a lost or extra byte fails the test instead of hanging it
+    send, recv = Conn(a), Conn(b)
+    cuts = list(itertools.pairwise(np.cumsum([0, *sizes])))
+    out = np.zeros_like(body)
+    views = [memoryview(body)[i:j] for i, j in cuts]
+    writer = threading.Thread(target=send.send_many, args=(views,), daemon=True)
+    writer.start()
+    early = min(early, len(body))
+    while len(recv._buf) < early:  # what a head's read took of the body
+        recv._buf += recv.sock.recv(early - len(recv._buf))
+    recv.read_many_into([memoryview(out)[i:j] for i, j in cuts])
+    writer.join(2)
+    done = not writer.is_alive()
+    exact = done and recv.open()  # nothing more was sent than was read
+    a.close(), b.close()
+    assert done and exact and np.array_equal(out, body)
 
 
 @pytest.fixture(params=[True, False], ids=["shm", "net"])

@@ -7,6 +7,7 @@ allocates per request and the client never sees a `bytes` object.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import numpy as np
@@ -21,9 +22,7 @@ SLAB = 2 * CHUNK  # bytes of the blob a strided copy verifies and copies at a ti
 
 def blob_array(buf: memoryview | bytearray, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
     """The blob's memory as an ndarray (no copy)."""
-    return np.frombuffer(buf, dtype=NUMPY_DTYPE[dtype], count=int(np.prod(shape, dtype=np.int64))).reshape(
-        shape
-    )
+    return np.frombuffer(buf, dtype=NUMPY_DTYPE[dtype], count=math.prod(shape)).reshape(shape)
 
 
 def as_bytes(a: np.ndarray) -> memoryview:

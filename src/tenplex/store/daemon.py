@@ -20,7 +20,7 @@ import numpy as np
 from ..ptc import Box
 from ..util import logs
 from .arena import Arena
-from .boxio import SCRATCH, blob_array, pieces
+from .boxio import SCRATCH, as_bytes, blob_array, pieces
 from .catalog import Blob, Catalog
 from .checksum import CHUNK, StreamDigests, byte_span, cuts, digest, span_digests, verify_edges, verify_span
 from .client import StoreClient
@@ -127,10 +127,11 @@ class Daemon(Server):
     def _send_parts(
         self, req: Request, parts: list[tuple[Blob, Box]], what: str, sent_all: Callable[[], None]
     ) -> None:
-        described, contiguous = [], []
+        described, contiguous, views = [], [], []
         for blob, box in parts:
             lo, hi = byte_span(box, blob.shape, blob.itemsize)
             view = blob_array(memoryview(blob.mem), blob.dtype, blob.shape)[box.slices()]
+            views.append(view)
             flat = view.flags.c_contiguous
             check = verify_edges if flat else verify_span
             check(memoryview(blob.mem), blob.digests, lo, hi, f"{what} {blob.name!r}")
@@ -143,14 +144,20 @@ class Daemon(Server):
         head = PREAMBLE.pack(len(meta)) + meta
         req.conn.send_head("HTTP/1.1 200 OK", headers_for(total, "application/octet-stream"), head)
         sent: list[int] = []
-        for (blob, box), known in zip(parts, contiguous):
-            view = blob_array(memoryview(blob.mem), blob.dtype, blob.shape)[box.slices()]
-            stream = StreamDigests() if known is None else None
+        batch: list[memoryview] = []  # contiguous boxes, sent together: one call for many small ones
+        for view, known in zip(views, contiguous):
+            if known is not None:
+                batch.append(as_bytes(view))
+                sent.extend(known)
+                continue
+            req.conn.send_many(batch)  # before the scratch buffer is reused
+            batch.clear()
+            stream = StreamDigests()
             for piece in pieces(view, scratch(req)):
-                if stream is not None:
-                    stream.update(piece)
+                stream.update(piece)
                 req.conn.send(piece)
-            sent.extend(known if stream is None else stream.finish())
+            sent.extend(stream.finish())
+        req.conn.send_many(batch)
         sent_all()
         req.conn.send(struct.pack(f"<{len(sent)}Q", *sent))
         self.count("bytes_out", total)

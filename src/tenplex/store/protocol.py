@@ -27,6 +27,7 @@ MAX_HEAD = 32 << 10  # whole header section
 MAX_HEADERS = 64
 MAX_JSON = 64 << 20  # JSON request and response bodies (manifests can be a few MB)
 RECV = 256 << 10
+IOV = 512  # buffers in one sendmsg / recvmsg_into call (the kernel takes up to 1024)
 
 REASONS = {
     200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
@@ -138,6 +139,20 @@ class Conn:
                 raise BadRequestError(f"truncated body: {pos} of {n} bytes")
             pos += got
 
+    def read_many_into(self, views: list[memoryview]) -> None:
+        """Fill each of `views` in turn with the next body bytes, many in one system call (a scatter
+        read): a read of many small boxes costs a few calls, not one per box."""
+        views = [v for v in views if len(v)]
+        i = 0
+        while i < len(views) and self._buf:  # what the head's read took of the body comes first
+            self.read_into(views[i])
+            i += 1
+        while i < len(views):
+            got = self.sock.recvmsg_into(views[i : i + IOV])[0]
+            if got == 0:
+                raise BadRequestError(f"truncated body: {len(views) - i} parts not received")
+            i = _advance(views, i, got)
+
     def read_bytes(self, n: int) -> bytes:
         buf = bytearray(n)
         self.read_into(memoryview(buf))
@@ -185,6 +200,25 @@ class Conn:
 
     def send(self, data: memoryview | bytes) -> None:
         self.sock.sendall(data)
+
+    def send_many(self, views: list[memoryview]) -> None:
+        """Send `views` in order, many in one system call (a gather write): an answer of many small boxes
+        costs a few calls, not one per box. The views must stay unchanged until this returns."""
+        views = [v for v in views if len(v)]
+        i = 0
+        while i < len(views):
+            i = _advance(views, i, self.sock.sendmsg(views[i : i + IOV]))
+
+
+def _advance(views: list[memoryview], i: int, done: int) -> int:
+    """After `done` more bytes went through `views` from view `i`: the first view not complete, cut to
+    what of it is left."""
+    while i < len(views) and done >= len(views[i]):
+        done -= len(views[i])
+        i += 1
+    if done:
+        views[i] = views[i][done:]
+    return i
 
 
 def parse_url(url: str) -> tuple[str, int]:

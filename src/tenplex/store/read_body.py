@@ -16,7 +16,7 @@ import numpy as np
 
 from ..ptc import ITEM_SIZE, Box
 from .boxio import as_bytes
-from .checksum import cuts, digest
+from .checksum import CHUNK, cuts, digest
 from .errors import ChecksumError, StoreError
 from .keys import check_out
 from .protocol import Conn
@@ -82,19 +82,32 @@ def _layout(
 
 
 def _receive_hashed(conn: Conn, views: list[memoryview], pieces: list[list[tuple[int, int]]]) -> list[int]:
-    """Receive the parts piece by piece, each hashed right after it arrived (while it is in cache), then
-    the trailer; the pieces' checksums once they match it."""
-    got = []
+    """Receive the parts a chunk's worth at a time (small pieces together, in one scatter read), each
+    piece hashed right after its group arrived (while it is in cache), then the trailer; the pieces'
+    checksums once they match it."""
+    got: list[int] = []
+    group: list[memoryview] = []
+    size = 0
     for v, cut in zip(views, pieces):
         for a, b in cut:
-            conn.read_into(v[a:b])
-            got.append(digest(v[a:b]))
+            if group and size + b - a > CHUNK:
+                _receive_group(conn, group, got)
+                size = 0
+            group.append(v[a:b])
+            size += b - a
+    _receive_group(conn, group, got)
     trailer = bytearray(8 * len(got))
     conn.read_into(memoryview(trailer))
     sent = list(struct.unpack(f"<{len(got)}Q", trailer))
     if sent != got:
         raise ChecksumError(_mismatch(sent, got, pieces))
     return got
+
+
+def _receive_group(conn: Conn, group: list[memoryview], got: list[int]) -> None:
+    conn.read_many_into(list(group))
+    got.extend(digest(v) for v in group)
+    group.clear()
 
 
 def _keep_sums(

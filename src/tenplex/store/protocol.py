@@ -2,9 +2,10 @@
 
 Only what the store needs: keep-alive, Content-Length bodies (no chunked encoding), JSON for control
 messages and raw bytes for blob bodies. Bodies are received straight into caller-provided memory with
-`recv_into` and sent from memoryviews with `sendall`, which is what keeps the bulk path near the speed
-of a raw socket (`python benchmarks/bench_store.py`: "net read box 256 MiB" against its raw-socket baseline
-in results/bench_store.json).
+`recv_into` (many small ones by one `recvmsg_into`) and sent from memoryviews with `sendall` (many by one
+`sendmsg`), which is what keeps the bulk path near the speed of a raw socket (`python
+benchmarks/bench_store.py`: "net read box 256 MiB" against its raw-socket baseline in
+results/bench_store.json).
 """
 
 from __future__ import annotations

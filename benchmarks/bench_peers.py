@@ -49,13 +49,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_reconfig import SIZES, available_memory, each_rep, fs_type, run_world
+from bench_reconfig import SIZES, each_rep
 from common import print_rows, write_results
 from floors import bandwidth, socket_bandwidth
 from peers_bytecheckpoint import run_bytecheckpoint
 from peers_netns import busiest_received, run_netns
 from tenplex.ptc.gpt import GPTConfig
 from tenplex.store import start_store
+from worlds import available_memory, fs_type, run_world
 
 ROOT = Path(__file__).resolve().parents[1]
 GB = 1e9

@@ -74,28 +74,29 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
-import secrets
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
+import floors
 from common import print_rows, write_results
-from floors import bandwidth, socket_bandwidth
 from tenplex.ptc.gpt import GPTConfig
 from tenplex.runtime import netns
 from tenplex.store import start_store
-from tenplex.util import free_port
 from tenplex.util.format import human_bytes
-from tenplex.util.ranks import RanksFailed, run_local
 from tenplex.util.sizes import parse_size
-
-HERE = Path(__file__).resolve().parent
-SRC = HERE.parent / "src"
+from worlds import (
+    available_memory,
+    fs_type,
+    need_netns,
+    netns_world,
+    reserve_timeout,
+    run_world,
+    token_dir,
+)
 
 SIZES = {  # params + exp_avg + exp_avg_sq in fp32: 12 bytes a parameter
     "full": dict(layers=8, hidden=1024, heads=16, vocab=256, seq=1024),  # 101M params, 1.21 GB
@@ -135,18 +136,6 @@ def state_bytes(model: dict) -> int:
     return GPTConfig(**model).param_count() * 12
 
 
-def fs_type(path: Path) -> str:
-    """The file system type of the mount `path` lives on (from /proc/mounts)."""
-    best, kind = "", "?"
-    p = str(path.resolve())
-    for line in Path("/proc/mounts").read_text().splitlines():
-        parts = line.split()
-        inside = len(parts) > 2 and (p == parts[1] or p.startswith(parts[1].rstrip("/") + "/"))
-        if inside and len(parts[1]) > len(best):
-            best, kind = parts[1], parts[2]
-    return kind
-
-
 def store_reserves(args, state: int, cases: int, hosts: int) -> list[int]:
     """Bytes each store pre-faults at start (`--reserve`), store 0 (central mode's host) first: enough for
     every first write of one repetition, so that neither mode pays the VM's first touch of fresh memory
@@ -163,37 +152,6 @@ def store_reserves(args, state: int, cases: int, hosts: int) -> list[int]:
     budget = available_memory() // 2
     scale = min(1.0, budget / max(1, sum(want)))
     return [int(w * scale) for w in want]
-
-
-def available_memory() -> int:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return 8 << 30
-
-
-def run_world(spec: dict, timeout: float, world: int = 4, net=None, hosts: list[str] | None = None,
-              token: str | None = None, worker: str = "reconfig_worker") -> list[list[dict]]:  # fmt: skip
-    """The worker's ranks, all on the machine, or with `net` rank r inside namespace host hosts[r]."""
-    port = free_port() if net is None else 29500
-    master = "127.0.0.1" if net is None else net.hosts[hosts[0]].addr
-    with tempfile.TemporaryDirectory(prefix="tenplex-bench-") as out:
-        e = dict(os.environ)
-        e.update(
-            TENPLEX_BENCH_OUT=out, TENPLEX_BENCH_SPEC=json.dumps(spec), TENPLEX_EMULATED_HOSTS="1",
-            OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(HERE), str(SRC), e.get("PYTHONPATH", "")]),
-        )  # fmt: skip
-        per_rank, popen = None, None
-        if net is not None:
-            per_rank = [dict(GLOO_SOCKET_IFNAME=netns.NIC, TENPLEX_BENCH_HOST=hosts[r],
-                             TENPLEX_STORE_TOKEN=token or "") for r in range(world)]  # fmt: skip
-            popen = lambda r, argv, env: net.popen(hosts[r], argv, env=env)  # noqa: E731
-        try:
-            run_local([sys.executable, "-m", worker], world, env=e, per_rank_env=per_rank,
-                      timeout=timeout, master=(master, port), popen=popen)  # fmt: skip
-        except RanksFailed as err:
-            raise SystemExit(f"ranks {err.failed} failed (their output is above)") from None
-        return [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(world)]
 
 
 def each_rep(reps: list[list[dict]], key: str, sub: str | None = None) -> list[float]:
@@ -216,59 +174,6 @@ def phases_of(per_rank: list[dict], kind: str) -> dict[str, float]:
 def slowest(reps: list[list[dict]], key: str, sub: str | None = None) -> float | None:
     """The slowest rank's seconds, in the best repetition."""
     return min(each_rep(reps, key, sub), default=None)
-
-
-RING = """
-import socket, sys, threading, time
-me, nxt, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-srv = socket.create_server((me, 5001))
-got = []
-def receive():
-    c, _ = srv.accept()
-    buf, k = bytearray(4 << 20), 0
-    while True:
-        m = c.recv_into(buf)
-        if not m:
-            break
-        k += m
-    got.append(k)
-rx = threading.Thread(target=receive)
-rx.start()
-for _ in range(200):
-    try:
-        c = socket.create_connection((nxt, 5001))
-        break
-    except OSError:
-        time.sleep(0.05)
-tx = lambda: int(open("/sys/class/net/nic0/statistics/tx_bytes").read())
-payload = memoryview(bytes(4 << 20))
-b0, t = tx(), time.perf_counter()
-for i in range(0, n, 4 << 20):
-    c.sendall(payload[: min(4 << 20, n - i)])
-c.close()
-rx.join()
-print((tx() - b0) / (time.perf_counter() - t), got[0])
-"""
-
-
-def ring_bandwidth(net, hosts: list[str], nbytes: int) -> dict[str, float]:
-    """Wire bytes/s each host sends while every host sends `nbytes` to the next and receives from the
-    previous one at the same time (both directions of every link busy, as in a reconfiguration)."""
-    procs = {}
-    for i, h in enumerate(hosts):
-        nxt = net.hosts[hosts[(i + 1) % len(hosts)]].addr
-        argv = [sys.executable, "-c", RING, net.hosts[h].addr, nxt, str(nbytes)]
-        procs[h] = net.popen(h, argv, stdout=subprocess.PIPE, text=True)
-    out = {}
-    for h, p in procs.items():
-        text, _ = p.communicate(timeout=600)
-        if p.returncode != 0 or not text.strip():
-            raise SystemExit(f"bandwidth probe on {h} failed")
-        bw, got = text.split()
-        if int(got) != nbytes:
-            raise SystemExit(f"bandwidth probe on {h} received {got} of {nbytes} bytes")
-        out[h] = float(bw)
-    return out
 
 
 def nic_by_host(per_rank: list[dict], key: str) -> dict[str, dict]:
@@ -456,52 +361,6 @@ def run_loopback(args, model: dict, disk: Path, shm: Path) -> dict:
         return {"cases": cases, "per_rank": run_world(spec, args.timeout)}
 
 
-def reserve_timeout(nbytes: int) -> float:
-    """How long a store may take to start with `--reserve nbytes`: its first touch of that memory ran at
-    0.1-0.5 GB/s on this virtual machine (the host hands out guest memory lazily)."""
-    return 60 + nbytes / 50e6
-
-
-def need_netns(who: str) -> None:
-    why = netns.unavailable()
-    if why:
-        print(f"{who}: {why}", file=sys.stderr)
-        raise SystemExit(2)
-
-
-@contextlib.contextmanager
-def token_dir() -> Iterator[tuple[Path, str]]:
-    """A temporary directory holding a fresh store token in `token` (mode 0600), and the token."""
-    with tempfile.TemporaryDirectory(prefix="tenplex-bench-net-") as tmp:
-        token = secrets.token_urlsafe(24)
-        token_file = Path(tmp) / "token"
-        token_file.write_text(token + "\n")
-        token_file.chmod(0o600)
-        yield Path(tmp), token
-
-
-def netns_world(net, tmp: Path, token: str, spec: dict, world: int, hosts: int, reserve: list[int],
-                store_memory: str, timeout: float, probe: int) -> dict:  # fmt: skip
-    """`hosts` namespace hosts in `net`, each with its own store, rank r on host r * hosts // world; the
-    links probed before and after the ranks ran. The ranks' results, the shaped bandwidth (bytes/s)."""
-    names = [net.add_host(f"h{i}").name for i in range(hosts)]
-    token_file = str(tmp / "token")
-    urls = [
-        net.start_store(n, token_file, str(tmp / f"store-{hosts}-{n}.log"), store_memory,
-                        ["--reserve", str(r)], reserve_timeout(r))[0]
-        for n, r in zip(names, reserve)
-    ]  # fmt: skip
-    on = [names[r * hosts // world] for r in range(world)]
-    before = ring_bandwidth(net, names, probe)
-    own = [urls[names.index(x)] for x in on]
-    spec = {**spec, "store_a": urls[0], "store_b": urls[-1], "rank_stores": own}
-    per_rank = run_world(spec, timeout, world, net, on, token)
-    after = ring_bandwidth(net, names, probe)
-    shaped = max(min(before.values()), min(after.values()))
-    print(f"  {hosts} hosts: links {shaped * 8 / 1e9:.3f} Gbit/s (slowest host, in parallel)", flush=True)
-    return {"per_rank": per_rank, "shaped_bw": shaped, "ring_GBps": {"before": before, "after": after}}
-
-
 def run_netns(args, model: dict, disk: Path, shm: Path) -> list[dict]:
     """One world per host count, every host a shaped namespace host with its own store."""
     need_netns("bench_reconfig")
@@ -530,44 +389,6 @@ def one_vs_two_host_saves(rows: list[dict]) -> dict[str, float]:
     (1: one host's store takes four writers as fast as two stores take two each)."""
     saves = {(r["change"], r["hosts"]): r["save_s"] for r in rows if r.get("save_s")}
     return {c: saves[(c, 1)] / saves[(c, 2)] for c, h in saves if h == 1 and (c, 2) in saves}
-
-
-def floors(procs: int, rounds: int = 9) -> dict[str, float | list[float]]:
-    """Bytes per second on `procs` cores, best of `rounds` (the socket: of about half as many). The socket:
-    the best of 1 up to `procs` streams at once (one stream leaves a core idle); each count is kept, as is
-    the save's copy with its checksums (copy_hash: what adding the copy's and the checksums' costs in the
-    verified floor stands for)."""
-    streams = [socket_bandwidth(k, repeat=max(1, rounds // 2 + 1)) for k in range(1, procs + 1)]
-    bw = {op: bandwidth(op, procs, repeat=rounds) for op in ("copy", "hash", "copy_hash")}
-    return {"memcpy": bw["copy"], "socket": max(streams), "socket_streams": streams, "checksum": bw["hash"],
-            "copy_hash": bw["copy_hash"], "memcpy_1core": bandwidth("copy", 1, repeat=rounds)}  # fmt: skip
-
-
-def best_floors(before: dict, after: dict) -> dict[str, float]:
-    """The better of the two measurements (the machine is shared and noisy)."""
-    return {k: max(before[k], after[k]) for k in ("memcpy", "socket", "checksum", "copy_hash")}
-
-
-def floors_meta(before: dict, after: dict, procs: int) -> dict:
-    """The floors as a results file records them, in GB/s."""
-    return {
-        **{
-            f"{k}_GBps{when}": [x / 1e9 for x in v] if isinstance(v, list) else v / 1e9
-            for when, got in (("", before), ("_after", after))
-            for k, v in got.items()
-            if k != "memcpy_1core"
-        },
-        "floor_cores": procs,  # memcpy, checksum and copy_hash: that many processes at once
-        "memcpy_1core_GBps": max(before["memcpy_1core"], after["memcpy_1core"]) / 1e9,
-    }
-
-
-def shown(f: dict) -> str:
-    """The floors of `floors()` in a line."""
-    streams = ", ".join(f"{x / 1e9:.2f}" for x in f["socket_streams"])
-    return (f"memcpy {f['memcpy'] / 1e9:.2f} GB/s ({f['memcpy_1core'] / 1e9:.2f} on one core), checksums "
-            f"{f['checksum'] / 1e9:.2f}, copy with checksums {f['copy_hash'] / 1e9:.2f}; loopback socket "
-            f"{f['socket'] / 1e9:.2f} GB/s (1 stream and up: {streams})")  # fmt: skip
 
 
 def main() -> None:
@@ -603,8 +424,8 @@ def main() -> None:
     # the floor's copies and checksums run on as many cores as the ranks can use (one per rank)
     worlds = [int(h) for h in args.hosts.split(",")] if args.network == "netns" else []
     procs = min(len(os.sched_getaffinity(0)), max([4, *worlds]))  # the cores this run may use
-    before = floors(procs)
-    print(f"floor on {procs} cores: {shown(before)}", flush=True)
+    before = floors.measure(procs)
+    print(f"floor on {procs} cores: {floors.shown(before)}", flush=True)
 
     disk = Path(tempfile.mkdtemp(prefix="tenplex-bench-dcp-", dir=disk_root))
     shm = Path(tempfile.mkdtemp(prefix="tenplex-bench-dcp-", dir="/dev/shm"))
@@ -618,8 +439,8 @@ def main() -> None:
         for d in (disk, shm):
             subprocess.run(["rm", "-rf", str(d)], check=False)
     wall = time.perf_counter() - started
-    after = floors(procs)
-    best = best_floors(before, after)
+    after = floors.measure(procs)
+    best = floors.best(before, after)
     rows = [
         summarise([r[i] for r in run["per_rank"]], best, run.get("shaped_bw"))
         for run in runs
@@ -665,7 +486,7 @@ def main() -> None:
         "model": model,
         "params": cfg.param_count(),
         "pairs": {c["name"]: [c["src"], c["dst"]] for c in cases},
-        **floors_meta(before, after, procs),
+        **floors.meta(before, after, procs),
         "dcp_disk_fs": disk_kind,
         "wall_s": wall,
         "repeat": args.repeat,
@@ -689,8 +510,8 @@ def main() -> None:
     print(f"wrote {path}; {wall:.0f} s for the cases")
     if below:
         print(
-            f"cases faster than their floor {below}: the floor probes (before: {shown(before)}; after: "
-            f"{shown(after)}) met a slower machine than the cases did; rerun"
+            f"cases faster than their floor {below}: the floor probes (before: {floors.shown(before)}; "
+            f"after: {floors.shown(after)}) met a slower machine than the cases did; rerun"
         )
     if bad or below:
         raise SystemExit(1)

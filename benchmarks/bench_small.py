@@ -22,9 +22,9 @@ import statistics
 import tempfile
 import time
 
-from bench_reconfig import run_world
 from common import print_rows, write_results
 from tenplex.store import start_store
+from worlds import run_world
 
 MODELS = ("hf", "titan")
 SYSTEMS = ("tenplex", "dcp")

@@ -44,23 +44,14 @@ from pathlib import Path
 
 import numpy as np
 
-from bench_reconfig import (
-    SIZES,
-    best_floors,
-    floors,
-    floors_meta,
-    need_netns,
-    netns_world,
-    run_world,
-    shown,
-    summarise,
-    token_dir,
-)
+import floors
+from bench_reconfig import SIZES, summarise
 from common import print_rows, write_results
 from memory_peak import Peak
 from tenplex.ptc.gpt import GPTConfig
 from tenplex.runtime import netns
 from tenplex.store import start_store
+from worlds import need_netns, netns_world, run_world, token_dir
 
 GIB = 1 << 30
 TINY = 0.005  # the 5 MB point's nominal GB
@@ -323,8 +314,8 @@ def main() -> None:
         need_netns("bench_sweep")
     procs = min(len(os.sched_getaffinity(0)), 4)
     rounds = 3 if args.quick else 9  # --quick: the floor from fewer rounds
-    before = floors(procs, rounds)
-    print(f"floor on {procs} cores: {shown(before)}", flush=True)
+    before = floors.measure(procs, rounds)
+    print(f"floor on {procs} cores: {floors.shown(before)}", flush=True)
     shm = Path(tempfile.mkdtemp(prefix="tenplex-sweep-dcp-", dir="/dev/shm"))
     started = time.perf_counter()
     try:
@@ -332,8 +323,8 @@ def main() -> None:
     finally:
         shutil.rmtree(shm, ignore_errors=True)
     wall = time.perf_counter() - started
-    after = floors(procs, rounds)
-    report(args, finish(rows, best_floors(before, after)), before, after, procs, wall)
+    after = floors.measure(procs, rounds)
+    report(args, finish(rows, floors.best(before, after)), before, after, procs, wall)
 
 
 def report(args, rows: list[dict], before: dict, after: dict, procs: int, wall: float) -> None:
@@ -347,7 +338,7 @@ def report(args, rows: list[dict], before: dict, after: dict, procs: int, wall: 
         print(f"knee: {k['point']}: {k['why']}")
     skipped = [r for r in rows if r.get("status") == "skipped"]
     meta = {
-        **floors_meta(before, after, procs),
+        **floors.meta(before, after, procs),
         "fits": fitted, "knees": kneed, "budget_min": args.budget_min,
         "stopped_by_budget": any("budget" in r["why"] for r in skipped),
         "memory_limit_GB": 0.6 * meminfo("MemTotal") / 1e9, "wall_s": wall, "repeat": args.repeat,

@@ -113,3 +113,41 @@ def _time(fn) -> float:
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
+
+
+def measure(procs: int, rounds: int = 9) -> dict[str, float | list[float]]:
+    """Bytes per second on `procs` cores, best of `rounds` (the socket: of about half as many). The socket:
+    the best of 1 up to `procs` streams at once (one stream leaves a core idle); each count is kept, as is
+    the save's copy with its checksums (copy_hash: what adding the copy's and the checksums' costs in the
+    verified floor stands for)."""
+    streams = [socket_bandwidth(k, repeat=max(1, rounds // 2 + 1)) for k in range(1, procs + 1)]
+    bw = {op: bandwidth(op, procs, repeat=rounds) for op in ("copy", "hash", "copy_hash")}
+    return {"memcpy": bw["copy"], "socket": max(streams), "socket_streams": streams, "checksum": bw["hash"],
+            "copy_hash": bw["copy_hash"], "memcpy_1core": bandwidth("copy", 1, repeat=rounds)}  # fmt: skip
+
+
+def best(before: dict, after: dict) -> dict[str, float]:
+    """The better of the two measurements (the machine is shared and noisy)."""
+    return {k: max(before[k], after[k]) for k in ("memcpy", "socket", "checksum", "copy_hash")}
+
+
+def meta(before: dict, after: dict, procs: int) -> dict:
+    """The floors as a results file records them, in GB/s."""
+    return {
+        **{
+            f"{k}_GBps{when}": [x / 1e9 for x in v] if isinstance(v, list) else v / 1e9
+            for when, got in (("", before), ("_after", after))
+            for k, v in got.items()
+            if k != "memcpy_1core"
+        },
+        "floor_cores": procs,  # memcpy, checksum and copy_hash: that many processes at once
+        "memcpy_1core_GBps": max(before["memcpy_1core"], after["memcpy_1core"]) / 1e9,
+    }
+
+
+def shown(f: dict) -> str:
+    """The floors of `measure` in a line."""
+    streams = ", ".join(f"{x / 1e9:.2f}" for x in f["socket_streams"])
+    return (f"memcpy {f['memcpy'] / 1e9:.2f} GB/s ({f['memcpy_1core'] / 1e9:.2f} on one core), checksums "
+            f"{f['checksum'] / 1e9:.2f}, copy with checksums {f['copy_hash'] / 1e9:.2f}; loopback socket "
+            f"{f['socket'] / 1e9:.2f} GB/s (1 stream and up: {streams})")  # fmt: skip

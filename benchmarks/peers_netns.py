@@ -19,9 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_reconfig import ring_bandwidth, run_world
 from tenplex.runtime import netns
 from tenplex.util.tokens import read_token
+from worlds import ring_bandwidth, run_world
 
 S3_PORT = 5000
 MOTO_SETUP = "python3.11 -m venv .venv-moto && .venv-moto/bin/pip install 'moto[server]==5.2.6'"

@@ -168,6 +168,15 @@ def main() -> None:
         t_raw_one = best(lambda: [raw.fetch(dst[:4]) for _ in range(256)]) / 256
         results.append({"case": "net one-element box, one request each", "ms per request": t_one * 1e3,
                         "raw socket ms": t_raw_one * 1e3})  # fmt: skip
+        # what a box costs beyond its bytes within one request (a model's norms and biases): 256 boxes of
+        # 1 KiB, against the same 256 KiB over a raw socket in one piece
+        kib = [Box((i, 0), (i + 1, 256)) for i in range(256)]
+        kouts = [np.empty((1, 256), np.float32) for _ in kib]
+        t_kib = best(lambda: net.read_boxes("bench", 1, [("w", b, o) for b, o in zip(kib, kouts)]))
+        assert all(np.array_equal(o, a[b.slices()]) for b, o in zip(kib, kouts))
+        t_raw_kib = best(lambda: raw.fetch(dst[: 256 << 10]))
+        results.append({"case": "net 256 x 1 KiB boxes, one request", "us per box": t_kib / 256 * 1e6,
+                        "raw socket us per KiB": t_raw_kib / 256 * 1e6})  # fmt: skip
 
         # ---- after a layout change every blob has a new size: the freed files of the old ones are cut to
         # it (their pages already taken), where a new file would pay fresh pages (first touch of freed
@@ -236,8 +245,9 @@ def main() -> None:
     print_rows("tensor store vs its floors (ratio = baseline time / store time)",
                [r for r in results if "ratio" in r],
                ["case", "GB/s", "baseline", "baseline GB/s", "ratio", "target", "ok"])  # fmt: skip
-    print_rows("per-request cost", [r for r in results if "ms per request" in r],
-               ["case", "ms per request", "raw socket ms"])  # fmt: skip
+    small = [r for r in results if "raw socket ms" in r or "us per box" in r]
+    columns = ["case", "ms per request", "raw socket ms", "us per box", "raw socket us per KiB"]
+    print_rows("per-request and per-box cost", small, columns)
     print_rows("concurrency", [r for r in results if "errors" in r],
                ["case", "requests/s", "errors", "rss before MiB", "rss after MiB", "rss after more MiB",
                 "ok"])  # fmt: skip

@@ -90,11 +90,14 @@ def _common(folder: Path) -> Any:
     """`common.pt`, never unpickled as code: what is not plain data (Megatron-LM's `args`) is refused as a
     common state anyway."""
     try:
-        return torch.load(folder / "common.pt", map_location="cpu", weights_only=True)
+        common = torch.load(folder / "common.pt", map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         return {"objects that are not plain data": None}
     except Exception as e:  # a missing or torn file: one line naming it
         return _read(folder, "common.pt", _raise, e)
+    if not isinstance(common, dict):  # importing megatron.core allows `argparse.Namespace` and others to
+        return {"objects that are not plain data": None}  # load as weights: refused here all the same
+    return {str(k): v for k, v in common.items()}
 
 
 def _raise(e: BaseException) -> None:

@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 import floors
-from bench_reconfig import SIZES, summarise
+from bench_reconfig import SIZES, phases_of, summarise
 from common import print_rows, write_results
 from memory_peak import Peak
 from tenplex.ptc.gpt import GPTConfig
@@ -137,6 +137,9 @@ def figures(row: dict, ranks: list[dict]) -> dict:
     }  # fmt: skip
     if row.get("dcp_shm_total_s"):
         out["x_dcp_shm"] = row["dcp_shm_total_s"] / total
+    for kind in ("save", "load"):  # the phases of the repetition whose seconds are shown, not of the first
+        best = min(range(len(reps[f"{kind}_s"]))[later], key=lambda i: reps[f"{kind}_s"][i])
+        out[f"{kind}_phases"] = phases_of([r["reps"][best] for r in ranks], kind)
     return out
 
 

@@ -278,6 +278,31 @@ def test_a_network_read_whose_bytes_differ_from_the_trailer_raises():
             b.close()
 
 
+@pytest.mark.parametrize("flipped", [None, 0, 150, 299])
+def test_one_flipped_byte_among_many_small_boxes_received_together_names_its_box(flipped):
+    """Many small parts land by one scatter read before they are hashed: each part is still checked
+    against its own checksum, so a byte changed on the way in any one of them fails the read, naming it."""
+    rng = np.random.default_rng(1)
+    parts = [rng.integers(0, 255, int(k), dtype=np.uint8).tobytes() for k in rng.integers(1, 64, 300)]
+    raw, n = _answer(parts, [digest(memoryview(p)) for p in parts], [0] * len(parts))
+    if flipped is not None:
+        at = n - 8 * len(parts) - sum(map(len, parts[flipped:]))  # the flipped part's first byte
+        raw = raw[:at] + bytes([raw[at] ^ 1]) + raw[at + 1 :]
+    a, b = _tcp_pair()
+    try:
+        a.sendall(raw)
+        outs = [np.empty(len(p), np.uint8) for p in parts]
+        if flipped is None:
+            into(outs)(Conn(b), {}, n)
+            assert [o.tobytes() for o in outs] == parts
+        else:
+            with pytest.raises(ChecksumError, match=f"of box {flipped} "):
+                into(outs)(Conn(b), {}, n)
+    finally:
+        a.close()
+        b.close()
+
+
 @given(st.data())
 @settings(max_examples=60, deadline=None)
 def test_the_trailer_checksums_are_the_receivers_pieces(data):

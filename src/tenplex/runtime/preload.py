@@ -26,7 +26,7 @@ def preload() -> None:
 
     if env.flag(env.CHOOSES):  # an agent's workers choose the layout of each round's world themselves
         import tenplex.runtime.chooser  # noqa: F401 - (scipy: seconds on few cores); `tenplex run` tells its
-        # ranks theirs: their zygotes' preload stays as it was
+        # ranks their layout, so they never import it
 
     warm_up()
     _preloaded = True

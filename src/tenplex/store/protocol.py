@@ -128,30 +128,24 @@ class Conn:
 
     def read_into(self, dst: memoryview) -> None:
         """Fill `dst` with the next len(dst) body bytes; BadRequestError (truncated) on EOF."""
-        n = len(dst)
-        have = min(n, len(self._buf))
-        if have:
-            dst[:have] = self._buf[:have]
-            del self._buf[:have]
-        pos = have
-        while pos < n:
-            got = self.sock.recv_into(dst[pos:], n - pos)
-            if got == 0:
-                raise BadRequestError(f"truncated body: {pos} of {n} bytes")
-            pos += got
+        self.read_many_into([dst])
 
     def read_many_into(self, views: list[memoryview]) -> None:
         """Fill each of `views` in turn with the next body bytes, many in one system call (a scatter
-        read): a read of many small boxes costs a few calls, not one per box."""
+        read): a read of many small boxes costs a few calls, not one per box. BadRequestError (truncated)
+        on EOF; the caller's list is left as it was."""
         views = [v for v in views if len(v)]
         i = 0
         while i < len(views) and self._buf:  # what the head's read took of the body comes first
-            self.read_into(views[i])
-            i += 1
+            have = min(len(views[i]), len(self._buf))
+            views[i][:have] = self._buf[:have]
+            del self._buf[:have]
+            i = _advance(views, i, have)
         while i < len(views):
             got = self.sock.recvmsg_into(views[i : i + IOV])[0]
             if got == 0:
-                raise BadRequestError(f"truncated body: {len(views) - i} parts not received")
+                left = sum(map(len, views[i:]))
+                raise BadRequestError(f"truncated body: {left} bytes not received")
             i = _advance(views, i, got)
 
     def read_bytes(self, n: int) -> bytes:

@@ -105,7 +105,7 @@ def _receive_hashed(conn: Conn, views: list[memoryview], pieces: list[list[tuple
 
 
 def _receive_group(conn: Conn, group: list[memoryview], got: list[int]) -> None:
-    conn.read_many_into(list(group))
+    conn.read_many_into(group)
     got.extend(digest(v) for v in group)
     group.clear()
 

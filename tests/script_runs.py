@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from outputs import failure
 from tenplex.runtime.report import losses, timeline
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,9 +31,9 @@ def elastic_and_static(
     static_schedule = tmp / "static.json"
     static_schedule.write_text(json.dumps([{"step": 0, "devices": 1}]))
     r = run(script, schedule, steps, tmp / f"{name}-elastic")
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 0, failure(r)
     s = run(script, static_schedule, steps, tmp / f"{name}-static")
-    assert s.returncode == 0, s.stdout[-3000:] + s.stderr[-3000:]
+    assert s.returncode == 0, failure(s)
 
     recs = timeline(tmp / f"{name}-elastic")
     elastic, static = losses(recs), losses(timeline(tmp / f"{name}-static"))

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
+from outputs import failure
 from test_deepspeed import torch_extensions  # noqa: F401 (the op compiled once per run)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +29,7 @@ def test_both_paths_reshard_the_same_state_bit_for_bit_and_are_timed(tmp_path):
             "--repeat", "2", "--out", str(out)]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, failure(done)
     doc = json.loads(out.read_text())
     (row,) = doc["rows"]
     assert row["bitwise"] is True and row["differ"] == []

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from outputs import failure
+
 ROOT = Path(__file__).resolve().parents[1]
 
 pytest.importorskip("megatron.core", reason="the megatron extra is not installed")
@@ -32,7 +34,7 @@ def test_both_paths_reshard_the_same_state_bit_for_bit_and_are_timed(tmp_path):
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=110)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, failure(done)
     doc = json.loads(out.read_text())
     assert doc["import_s"] > 0 and doc["export_s"] > 0  # the exported folder was checked: in the rows' bad
     rows = doc["rows"]

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from outputs import failure
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -26,7 +28,7 @@ def test_recovery_runs_every_peer_on_the_same_state_and_checks_it(tmp_path):
             "--repeat", "1", "--http-chunks", "0,2", "--out", str(out)]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=110)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, failure(done)
     (row,) = json.loads(out.read_text())["rows"]
     assert row["bad"] == [] and "torchft_why" not in row
     assert row["received_GB"] == pytest.approx(row["state_GB"])  # the rejoining replica got all of it

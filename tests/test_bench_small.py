@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from outputs import failure
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -29,7 +31,7 @@ def test_quick_run_times_tenplex_and_dcp_on_the_same_states_and_checks_every_loa
     argv = [sys.executable, "benchmarks/bench_small.py", "--quick", "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=80)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, failure(done)
     doc = json.loads(out.read_text())
     assert doc["repeat"] == 3 and doc["command"].startswith("python benchmarks/bench_small.py --quick")
     rows = {r["state"]: r for r in doc["rows"]}

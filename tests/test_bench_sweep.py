@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from outputs import failure
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -27,7 +29,7 @@ def test_a_quick_sweep_fits_a_line_per_series_and_checks_every_load(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     argv = [sys.executable, "benchmarks/bench_sweep.py", "--quick", "--out", str(out)]
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=230)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, failure(done)
     doc = json.loads(out.read_text())
     rows = doc["rows"]
     assert [(r["ranks"], r["gb"]) for r in rows] == [(4, 0.005), (4, 0.05), (8, 0.005)]

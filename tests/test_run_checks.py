@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from outputs import failure
 from tenplex.ptc import preset
 from tenplex.ptc.layout import layouts
 from tenplex.runtime.demo import SCHEDULE
@@ -198,7 +199,7 @@ def test_a_scripts_own_steps_and_snapshots_stand_unless_the_command_line_sets_th
             "--quiet",
             *extra,
         )
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        assert r.returncode == 0, failure(r)
         recs = [json.loads(line) for line in (tmp_path / name / "timeline.jsonl").read_text().splitlines()]
         return r.stdout, [x for x in recs if x["kind"] == "worker"]
 

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from outputs import first_crash
 from tenplex.ptc import PRESETS, PTCError, preset
 from tenplex.ptc.layout import Layout
 from tenplex.runtime.chooser import (
@@ -201,6 +202,11 @@ def test_local_ranks_get_their_place_and_failures_are_reported_with_output():
     with pytest.raises(RanksFailed) as e:
         run_local([sys.executable, "-c", fail], 2, env=dict(os.environ), capture=True)
     assert e.value.failed == [(1, 3)] and e.value.logs[1].strip() == "rank 1"
+    with pytest.raises(RanksFailed) as e:  # an abort shows where it happened, as the first crash
+        run_local([sys.executable, "-c", "import os\ndef f():\n    os.abort()\nf()"], 1, env=dict(os.environ),
+                  capture=True)  # fmt: skip
+    assert e.value.failed == [(0, -6)] and "Fatal Python error: Aborted" in e.value.logs[0]
+    assert "line 3 in f" in first_crash(e.value.logs[0])
     t = time.time()
     with pytest.raises(RanksFailed):  # past the timeout: killed, not left behind
         run_local([sys.executable, "-c", "import time; time.sleep(60)"], 1, env=dict(os.environ), timeout=1)

@@ -64,7 +64,8 @@ def run_local(
     try:
         for r in range(world):
             own = per_rank_env[r] if per_rank_env else {}
-            e = {**(env or {}), **own, **rank_env(r, world, port, master)}
+            # a rank that dies of a signal (an abort in C++, a segfault) prints its Python stacks first
+            e = {"PYTHONFAULTHANDLER": "1", **(env or {}), **own, **rank_env(r, world, port, master)}
             procs.append((popen or start)(r, list(argv), e))
         for p in procs:
             if capture:

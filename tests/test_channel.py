@@ -4,6 +4,7 @@ whose runtime is gone told so in one line instead of waiting forever."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import threading
@@ -91,3 +92,18 @@ def test_a_rank_whose_runtime_is_gone_is_told_in_one_line() -> None:
         assert "\n" not in str(e.value)
     finally:
         p.kill()
+
+
+def test_a_closed_channel_serves_no_more_and_says_so() -> None:
+    """The controller closes its channel when its ranks are gone: the store's server ends then, not in the
+    interpreter's teardown (where one kept alive by a traceback aborted the process, exit -6 for 1)."""
+    c = Channel("127.0.0.1", free_port())
+    c.serve()
+    rank = RankChannel(c.address, 1)
+    assert not rank.stop_asked()
+    c.close()
+    with pytest.raises(ChannelError, match="is closed"):
+        c.stop(1)
+    host, _, port = c.address.rpartition(":")
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((host, int(port)), timeout=5).close()

@@ -108,6 +108,12 @@ class Channel:
         finally:
             self._served.set()
 
+    def close(self) -> None:
+        """The store's server thread ends here, not in the interpreter's teardown: a store kept alive by a
+        traceback to the end aborted the process there ("terminate called without an active exception")."""
+        if self._served.wait(CONNECT_S):
+            self._store, self._error = None, f"the runtime's store at {self.address} is closed"
+
     @property
     def store(self) -> Any:
         self._served.wait()

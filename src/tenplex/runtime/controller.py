@@ -120,6 +120,7 @@ class Controller(StartsAhead):
         finally:
             self.launcher.close()
             self.monitor.reap(grace=10.0, wait=True)
+            self.channel.close()  # no rank is left to ask it
 
     def _begin(self) -> tuple[int, list[Event], list[Event]]:
         """Start the job, or resume it from its committed step (a rerun of the same run directory): that

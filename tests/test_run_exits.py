@@ -55,8 +55,15 @@ def start(
             "--job", name, "--quiet", *extra]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=SRC)
     p = subprocess.Popen([sys.executable, "-m", "tenplex.cli.main", *args], env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                         preexec_fn=_interruptible)  # fmt: skip
     return p, run_dir
+
+
+def _interruptible() -> None:
+    """Ctrl-C's default action in the run, as in a terminal: a suite started in the background by a shell
+    without job control inherits SIGINT ignored, and Python then installs no KeyboardInterrupt for it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def tenplex(*args: str) -> subprocess.CompletedProcess:

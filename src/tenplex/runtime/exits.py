@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -61,8 +62,12 @@ def keep_or_stop(ctl: Controller) -> str:
 
 
 def end_early(ctl: Controller | None, error: BaseException) -> int:
-    """Print what became of the run's stores (one line); the exit code, or `error` raised on (the CLI
-    prints an error as one line, anything else as the bug it is)."""
+    """Print what became of the run's stores (one line); the exit code, or a `TenplexError` raised on (the
+    CLI prints it as one line). Anything else is a bug: its traceback, as Python prints one, and exit code
+    1, returned rather than raised: an exception left to the interpreter keeps the run's objects alive into
+    its teardown, where torch's threads aborted the process ('terminate called without an active
+    exception', exit -6 for 1, 1 run in 10 here)."""
+    from ..ptc import TenplexError
     from .controller import JobFailed
 
     line = keep_or_stop(ctl) if ctl is not None else "nothing was started"
@@ -75,4 +80,7 @@ def end_early(ctl: Controller | None, error: BaseException) -> int:
         print(f"tenplex run: {line}", file=sys.stderr)
         return 1
     print(f"tenplex run: {line}", file=sys.stderr)
-    raise error
+    if isinstance(error, TenplexError):
+        raise error
+    traceback.print_exception(error)
+    return 1

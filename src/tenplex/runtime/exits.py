@@ -62,11 +62,11 @@ def keep_or_stop(ctl: Controller) -> str:
 
 
 def end_early(ctl: Controller | None, error: BaseException) -> int:
-    """Print what became of the run's stores (one line); the exit code, or a `TenplexError` raised on (the
-    CLI prints it as one line). Anything else is a bug: its traceback, as Python prints one, and exit code
-    1, returned rather than raised: an exception left to the interpreter keeps the run's objects alive into
-    its teardown, where torch's threads aborted the process ('terminate called without an active
-    exception', exit -6 for 1, 1 run in 10 here)."""
+    """Print what became of the run's stores (one line); the exit code, or a `TenplexError` (the CLI prints
+    it as one line) or `SystemExit` raised on. Anything else is a bug: its traceback, as Python prints one,
+    and exit code 1, returned rather than raised: an exception left to the interpreter keeps the run's
+    objects alive into its teardown, where torch's threads could abort the process ('terminate called
+    without an active exception', exit -6 for 1)."""
     from ..ptc import TenplexError
     from .controller import JobFailed
 
@@ -80,7 +80,7 @@ def end_early(ctl: Controller | None, error: BaseException) -> int:
         print(f"tenplex run: {line}", file=sys.stderr)
         return 1
     print(f"tenplex run: {line}", file=sys.stderr)
-    if isinstance(error, TenplexError):
+    if isinstance(error, (TenplexError, SystemExit)):
         raise error
     traceback.print_exception(error)
     return 1

@@ -1087,3 +1087,19 @@ def test_a_second_sigterm_does_not_cut_a_stores_cleanup_short(request):
             sp.proc.send_signal(15)
         assert sp.proc.wait(timeout=30) == 0, delay
         assert not shm.exists(), (delay, sorted(p.name for p in shm.iterdir())[:5])
+
+
+def test_a_store_whose_parent_ended_while_it_started_removes_its_memory():
+    """A benchmark stopped with SIGTERM during `start_store` left its store's shared-memory directory: the
+    store's parent watch stopped it before the shutdown's cleanup covered its start. Here the parent is gone
+    before the store starts, so the stop comes at once."""
+    from tenplex.store.shm import shm_root
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    argv = [sys.executable, "-m", "tenplex.store", "--port", "0", "--memory-limit", "64MiB",
+            "--huge-pages", "off", "--with-parent", str(gone.pid)]  # fmt: skip
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err[-2000:]
+    assert list(Path(shm_root()).glob(f"tenplex-*-{p.pid}")) == []

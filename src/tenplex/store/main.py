@@ -99,12 +99,12 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         raise _Shutdown
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    if args.with_parent is not None:
-        _stop_with_parent(args.with_parent)
-    freeze_imports()  # a full collection stalls every request thread: it walks the daemon's own objects only
-    try:
+    try:  # from the first signal handled on, every way out removes the store's shared memory
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        if args.with_parent is not None:  # its parent may be gone already: the stop comes at once
+            _stop_with_parent(args.with_parent)
+        freeze_imports()  # a full collection stalls every request thread: it walks the daemon's objects only
         print(f"tenplex store listening on {d.url} (pid {os.getpid()})", flush=True)
         d.serve_forever()
     except _Shutdown:

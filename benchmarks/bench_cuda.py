@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from common import print_rows, write_results
+from common import entry, print_rows, write_results
 
 GiB = 1 << 30
 
@@ -198,4 +198,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    entry(main)

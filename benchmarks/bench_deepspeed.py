@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from common import print_rows, write_results
+from common import entry, print_rows, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTEXT, EMBED, VOCAB, BATCH = 16, 32, 256, 12
@@ -285,4 +285,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT / "src"))
-    main()
+    entry(main)

@@ -50,7 +50,7 @@ import time
 from pathlib import Path
 
 from bench_reconfig import SIZES, each_rep
-from common import print_rows, write_results
+from common import entry, print_rows, write_results
 from floors import bandwidth, socket_bandwidth
 from peers_bytecheckpoint import run_bytecheckpoint
 from peers_netns import busiest_received, run_netns
@@ -288,4 +288,4 @@ def report(rows: list[dict], chunks: list[int]) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    entry(main)

@@ -82,7 +82,7 @@ import time
 from pathlib import Path
 
 import floors
-from common import print_rows, write_results
+from common import entry, print_rows, write_results
 from tenplex.ptc.gpt import GPTConfig
 from tenplex.runtime import netns
 from tenplex.store import start_store
@@ -518,4 +518,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    entry(main)

@@ -22,7 +22,7 @@ import statistics
 import tempfile
 import time
 
-from common import print_rows, write_results
+from common import entry, print_rows, write_results
 from tenplex.store import start_store
 from worlds import run_world
 
@@ -115,4 +115,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    entry(main)

@@ -46,7 +46,7 @@ import numpy as np
 
 import floors
 from bench_reconfig import SIZES, phases_of, summarise
-from common import print_rows, write_results
+from common import entry, print_rows, write_results
 from memory_peak import Peak
 from tenplex.ptc.gpt import GPTConfig
 from tenplex.runtime import netns
@@ -359,4 +359,4 @@ def report(args, rows: list[dict], before: dict, after: dict, procs: int, wall: 
 
 
 if __name__ == "__main__":
-    main()
+    entry(main)

@@ -1,4 +1,4 @@
-"""Shared benchmark plumbing: results as JSON under results/ and a printed table."""
+"""Shared benchmark plumbing: results as JSON under results/, a printed table, and the entry point."""
 
 from __future__ import annotations
 
@@ -6,7 +6,18 @@ import json
 import os
 import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+
+def entry(main: Callable[[], None]) -> None:
+    """Run a benchmark's `main` with SIGTERM taken as Ctrl-C: its `with` and `finally` blocks then remove
+    its scratch directories in /dev/shm, stop its stores and kill its ranks (SIGTERM's default action
+    ended the process with none of that done)."""
+    from tenplex.runtime.exits import sigterm_as_interrupt
+
+    with sigterm_as_interrupt():
+        main()
 
 
 def write_results(name: str, rows: list[dict], meta: dict | None = None, path: str | None = None) -> Path:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -54,3 +56,42 @@ def test_the_check_tells_a_wrong_or_missing_tensor_bit_for_bit():
     assert check(same, expected) == []
     wrong = {"a": torch.tensor([1.0, 2.0]), "b": torch.tensor([-0.0]), "x": torch.tensor(1)}
     assert check(wrong, expected) == ["a", "b", "c", "x"]
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(90)
+def test_sigterm_removes_the_scratch_in_dev_shm_and_stops_the_store():
+    """A benchmark stopped with SIGTERM (a CI timeout, `kill`) unwinds as after Ctrl-C: its DCP scratch in
+    /dev/shm and its store were left behind by SIGTERM's default action."""
+    before = set(Path("/dev/shm").glob("tenplex-small-*"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    argv = [sys.executable, "benchmarks/bench_small.py", "--quick", "--out", os.devnull]
+    p = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True)  # fmt: skip
+    try:
+        deadline = time.time() + 60  # until its ranks run: the store is up and in use
+        while not _children(p.pid, "small_worker") and time.time() < deadline:
+            time.sleep(0.1)
+        stores = _children(p.pid, "tenplex.store")
+        scratch = set(Path("/dev/shm").glob("tenplex-small-*")) - before
+        assert stores and len(scratch) == 1, (stores, scratch)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode != 0 and "Terminated" in err, err[-2000:]
+    assert not any(d.exists() for d in scratch)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in stores)
+
+
+def _children(pid: int, needle: str) -> list[int]:
+    """The processes whose parent is `pid` and whose command line holds `needle`."""
+    out = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == pid and needle in (d / "cmdline").read_text():
+                out.append(int(d.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out

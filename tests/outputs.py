@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import subprocess
 
-# the first lines of a crash: Python's faulthandler, C++'s std::terminate, glibc, an exception
-MARKERS = ("Fatal Python error", "terminate called", "Aborted", "double free", "corrupted",
-           "Traceback (most recent call last)")  # fmt: skip
+# the first line of a crash: Python's faulthandler, C++'s std::terminate, glibc's heap checks, an exception
+# (words a log may hold in passing, such as "corrupted", would move the cut before the crash)
+MARKERS = (
+    "Fatal Python error",
+    "terminate called",
+    "free(): ",
+    "malloc(): ",
+    "Traceback (most recent call last)",
+)
 
 
 def first_crash(text: str, size: int = 4000) -> str:

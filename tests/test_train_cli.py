@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from outputs import failure
 from tenplex.cli.main import main
 from tenplex.ptc import PTCError
 from tenplex.train.launch import LaunchError, spawn
@@ -76,8 +77,7 @@ def test_worker_under_torchrun(tmp_path: Path) -> None:
         str(tmp_path / "m.jsonl"),
     ]
     done = subprocess.run(cmd, env=env, timeout=300, capture_output=True, text=True)
-    tail = f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
-    assert done.returncode == 0, f"torchrun exited {done.returncode}:\n{tail}"
+    assert done.returncode == 0, failure(done)
     assert [r["step"] for r in read_metrics(tmp_path / "m.jsonl")] == [1, 2]
 
 

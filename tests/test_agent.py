@@ -135,6 +135,48 @@ def test_agents_join_lose_a_host_rejoin_and_leave(tmp_path, static) -> None:
     )
 
 
+def test_a_hosts_devices_change_while_it_stays(tmp_path, static) -> None:
+    """`tenplex devices`: one host's devices go 0,1 -> 0,1,2,3 -> 1,3 (two added, then two removed, as
+    when a device fails) without the host leaving. Each change waits for a step boundary; the workers of
+    devices that stay are the same processes throughout (a removed device's worker ends, an added one's is
+    forked while the old round saves); the losses equal the static run's and every sample is used once."""
+    hosts = Hosts(tmp_path)
+    job = AgentJob(hosts, "devs", _target(tmp_path, "devs", 0.2), nodes="1")
+    out = tmp_path / "out"
+    rdzv = ["--rdzv-endpoint", job.endpoint, "--rdzv-id", "devs"]
+    try:
+        a = job.start("A")
+        job.wait("2 devices", lambda: trained(out, 2) >= 4)
+        url = job.store_url("A")
+        for args, words in ((["http://nowhere:1", "0"], "no agent at"), ([url, "0,0"], "named twice"),
+                            ([url, "1,x"], "device indices")):  # fmt: skip
+            bad = _cli(hosts, "devices", *args, *rdzv)
+            assert bad.returncode == 2 and words in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+        grown = _cli(hosts, "devices", url, "0,1,2,3", *rdzv)
+        assert grown.returncode == 0, grown.stderr
+        job.wait("4 devices", lambda: trained(out, 4) >= 3)
+        status = _cli(hosts, "status", *rdzv, "--json")
+        assert json.loads(status.stdout)["agents"][0]["devices"] == [0, 1, 2, 3], status.stdout
+        assert _cli(hosts, "devices", url, "1,3", *rdzv).returncode == 0
+        assert a.wait(150) == 0, (tmp_path / "agent-A.log").read_text()[-4000:]
+    finally:
+        job.close()
+        hosts.close()
+    rs = [r for r in rounds(out) if r["ready"]]
+    assert [r["ready"]["world"] for r in rs] == [2, 4, 2], [r["ready"]["world"] for r in rs]
+    assert [r["start"]["kind"] for r in rs] == ["fresh", "loaded", "loaded"]
+    one, two, three = (r["ready"]["pids"] for r in rs)
+    assert one[1] == two[1] == three[0] and two[3] == three[1], (one, two, three)  # devices 1 and 3 kept
+    assert len({*one, *two, *three}) == 4  # one process per device ever used
+    formed = [r["devices"] for r in _records(tmp_path / "A") if r["kind"] == "round"]
+    assert formed == [[0, 1], [0, 1, 2, 3], [1, 3]], formed
+    assert rs[-1]["done"]["step"] == STEPS and ledger(out)["ok"]
+    losses = {s["step"]: s["loss"] for r in rs for s in r["steps"]}
+    worst = max(abs(losses[k] - static[k]) for k in losses)
+    assert sorted(losses) == list(range(1, STEPS + 1)) and worst <= TOLERANCE, worst
+    print("devices: downtime per change", [(d["world"], round(d["downtime"], 2)) for d in downtimes(out)])
+
+
 def _records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "agent.jsonl").read_text().splitlines()]
 

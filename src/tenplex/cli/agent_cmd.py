@@ -1,4 +1,5 @@
-"""`tenplex agent` (one per host, torchrun's flags), `tenplex rendezvous`, `tenplex status` and `stop`.
+"""`tenplex agent` (one per host, torchrun's flags), `tenplex rendezvous`, `tenplex status`, `stop` and
+`devices` (a host's devices change: one lost, or added, while the host stays).
 
 `status` and `stop` serve both kinds of job: with a RUN_DIR, a `tenplex run`'s (its cluster.json); without,
 an agent job's, through its rendezvous endpoint."""
@@ -46,6 +47,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         if name == "status":
             q.add_argument("--json", action="store_true", help="one JSON object instead of the table")
         q.set_defaults(func=func)
+
+    d = sub.add_parser("devices", help="change the devices of one host of an agent job (at a step boundary)")
+    d.add_argument(
+        "host", metavar="HOST", help="the agent's store URL or address (as `tenplex status` shows)"
+    )
+    d.add_argument("devices", metavar="DEVICES", help="the device indices its workers run on, e.g. 0,2,3")
+    add_flags(d, AgentConfig, only=("endpoint", "run_id"))
+    d.set_defaults(func=_devices)
 
 
 def _conf(text: str) -> dict[str, str]:
@@ -116,6 +125,7 @@ def _status(args: argparse.Namespace) -> int:
             str(a["round"]),
             f"{a['node']}/{a['nodes']}",
             str(a["world"]),
+            ",".join(map(str, a.get("devices", []))),
             f"{now - a['time']:.0f}s ago",
         ]
         for a in agents
@@ -123,7 +133,7 @@ def _status(args: argparse.Namespace) -> int:
     newest = max(a["round"] for a in agents)
     print_table(
         f"job {args.rdzv_id}: round {newest}",
-        ["host", "store", "incarnation", "round", "node", "world", "seen"],
+        ["host", "store", "incarnation", "round", "node", "world", "devices", "seen"],
         rows,
     )
     return 0
@@ -144,4 +154,25 @@ def _stop(args: argparse.Namespace) -> int:
     base, agents = _job(args)
     put(base, job_key(args.rdzv_id, "stop"), json.dumps({"time": time.time()}))
     print(f"job {args.rdzv_id}: stop requested ({len(agents)} agents saw the job); they save and end")
+    return 0
+
+
+def _devices(args: argparse.Namespace) -> int:
+    from ..runtime.agentconfig import parse_devices
+    from ..runtime.channel import put
+    from ..runtime.rounds import job_key
+
+    wanted = parse_devices(args.devices)
+    base, agents = _job(args)
+    found = [a for a in agents if args.host in (a["store"], a["host"])]
+    if not found:
+        named = ", ".join(a["store"] for a in agents) or "none"
+        raise TenplexError(f"job {args.rdzv_id}: no agent at {args.host!r} (its agents' stores: {named})")
+    if len(found) > 1:
+        named = ", ".join(a["store"] for a in found)
+        raise TenplexError(f"job {args.rdzv_id}: {len(found)} agents at {args.host!r}; name a store: {named}")
+    agent = found[0]
+    put(base, job_key(args.rdzv_id, "devices", agent["store"]), ",".join(map(str, wanted)))
+    print(f"job {args.rdzv_id}: {agent['store']} goes from devices {agent.get('devices')} to {wanted} "
+          "at its workers' next step boundary")  # fmt: skip
     return 0

@@ -26,12 +26,13 @@ from urllib.parse import urlsplit
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import RendezvousError
 
+from ..ptc import TenplexError
 from ..store import StoreError
 from ..store.client import StoreClient
 from ..store.process import StoreProcess, start_store
 from ..util import env, logs
 from . import rendezvous
-from .agentconfig import AgentConfig
+from .agentconfig import AgentConfig, parse_devices
 from .beacon import Beacon
 from .channel import put
 from .durable_tier import EveryNth
@@ -83,6 +84,7 @@ class Agent:
         self.beacon: Beacon | None = None
         self.silent_s = 3.0  # a member silent this long is lost (torch's heartbeat expiry, set in run)
         self.tier: EveryNth | None = None  # node 0's persists (--persist-every), once the job is known
+        self.devices = list(range(cfg.nproc))  # this host's devices: one worker each (`tenplex devices`)
 
     # -- the host's store and workers -------------------------------------------------------------
 
@@ -125,7 +127,13 @@ class Agent:
         run_id = self.cfg.run_id
         register_store(self.base, run_id, self.entry)
         self.base.delete_key(job_key(run_id, "left", self.entry.url))  # back on its port: a member again
-        put(rs, f"tenplex/node/{node}", json.dumps({"store": self.entry.to_json(), "nproc": self.cfg.nproc}))
+        self.devices = self._wanted()
+        self.workers.grow(self.devices)
+        put(
+            rs,
+            f"tenplex/node/{node}",
+            json.dumps({"store": self.entry.to_json(), "nproc": len(self.devices)}),
+        )
         if node == 0:
             put(rs, "tenplex/round", str(self.base.add(job_key(run_id, "rounds"), 1)))
         members = [json.loads(rs.get(f"tenplex/node/{i}")) for i in range(nodes)]
@@ -153,7 +161,17 @@ class Agent:
         self._ring(stores, nodes)
         hosts = [e.host for e in entries]
         self.records.write(
-            RoundFormed(number, node, nodes, rnd.world, stores, hosts, sorted(self.gone), time.time() - t)
+            RoundFormed(
+                number,
+                node,
+                nodes,
+                rnd.world,
+                stores,
+                hosts,
+                sorted(self.gone),
+                self.devices,
+                time.time() - t,
+            )
         )
         return rnd, [e.host + "|" + e.url for e in entries]
 
@@ -228,6 +246,11 @@ class Agent:
         if has(self.base, job_key(run_id, "stop")):
             self.workers.stop(rnd, "stop")
             return "stop"
+        wanted = self._wanted()
+        if wanted != self.devices:  # the other agents take it as a peer's change: the same members go on
+            self.workers.grow(wanted)  # forks for added devices warm while the round saves
+            self._request_change(rnd, f"devices {self.devices} -> {wanted}")
+            return "change"
         failed = {s: e["error"] for s, e in ended.items() if e["outcome"] in ("error", "dead")}
         failed.update(self.workers.broke(rnd))
         if failed:
@@ -243,6 +266,21 @@ class Agent:
             self._request_change(rnd, "join")
             return "change"
         return None
+
+    def _wanted(self) -> list[int]:
+        """This host's devices as `tenplex devices` last set them (its current ones when it never did, or
+        set something no agent can take)."""
+        assert self.base is not None
+        key = job_key(self.cfg.run_id, "devices", self.entry.url)
+        if not has(self.base, key):
+            return self.devices
+        text = self.base.get(key).decode()
+        try:
+            wanted = parse_devices(text)
+        except TenplexError as e:
+            log.warning("ignoring %s: %s", key, e)
+            return self.devices
+        return wanted
 
     def _mark_refused(self, rnd: Round) -> None:
         """A worker's collective broke: the members whose store refuses connections (no process listens
@@ -304,6 +342,7 @@ class Agent:
             "nodes": rnd.nodes,
             "world": rnd.world,
             "workers": [p.pid for p in self.workers.procs],
+            "devices": self.devices,
         }
         if self.beacon is None:
             assert self.base is not None
@@ -332,7 +371,7 @@ class Agent:
     def _rounds(self) -> int:
         rnd, members = self._rendezvous()
         while True:
-            self.workers.hand(rnd)
+            self.workers.hand(rnd, self.devices)
             self._status(rnd)
             why = self._supervise(rnd)
             if why == "leave":  # out of the rendezvous at once: the others' next round need not wait for us

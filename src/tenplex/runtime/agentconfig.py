@@ -100,3 +100,14 @@ class AgentConfig:
     def target(self) -> list[str]:
         """SCRIPT ARGS... or -m MODULE ARGS..., as the workers run it."""
         return ["-m", self.script, *self.script_args] if self.module else [self.script, *self.script_args]
+
+
+def parse_devices(text: str) -> list[int]:
+    """`0,2,3` -> [0, 2, 3]: the device indices a host's workers run on (`tenplex devices`)."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() for p in parts):
+        raise TenplexError(f"devices {text!r}: expected device indices such as 0,2,3")
+    found = [int(p) for p in parts]
+    if len(set(found)) != len(found):
+        raise TenplexError(f"devices {text!r}: a device is named twice")
+    return found

@@ -345,6 +345,7 @@ class RoundFormed(Record):
     stores: list[str]
     hosts: list[str]
     lost_stores: list[str]  # stores of hosts lost so far (not those that left)
+    devices: list[int]  # this host's devices in the round (one worker each)
     rendezvous_s: float
 
 

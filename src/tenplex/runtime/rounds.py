@@ -76,13 +76,15 @@ class Round:
     def from_json(text: str | bytes) -> Round:
         return Round(**json.loads(text))
 
-    def environ(self, slot: int, local_world: int) -> dict[str, str]:
-        """The torchrun-style variables of worker `slot` in this round, plus where its stores are."""
+    def environ(self, position: int, device: int, local_world: int) -> dict[str, str]:
+        """The torchrun-style variables of the host's `position`-th worker in this round, on `device`, plus
+        where its stores are. LOCAL_RANK is the device's index, not the position: a kept worker stays on
+        its device when another device of its host is removed (its index then leaves a gap)."""
         host, port = self.master.rsplit(":", 1)
         out = {
-            "RANK": str(self.rank_base + slot),
+            "RANK": str(self.rank_base + position),
             "WORLD_SIZE": str(self.world),
-            "LOCAL_RANK": str(slot),
+            "LOCAL_RANK": str(device),
             "LOCAL_WORLD_SIZE": str(local_world),
             "GROUP_RANK": str(self.node_rank),
             "MASTER_ADDR": host,

@@ -95,8 +95,8 @@ def serve(target: list[str]) -> int:
         n += 1
         if cmd["kind"] == "exit":
             return 0
-        rnd, slot = Round.from_json(cmd["round"]), int(cmd["slot"])  # a spare takes whichever slot is free
-        os.environ.update(rnd.environ(slot, int(cmd["local_world"])))
+        rnd, slot = Round.from_json(cmd["round"]), int(cmd["slot"])  # its device, for this process's life
+        os.environ.update(rnd.environ(int(cmd["position"]), slot, int(cmd["local_world"])))
         started = time.time()
         forget_end()
         outcome, message = run_target(target)

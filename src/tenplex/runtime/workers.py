@@ -37,10 +37,13 @@ class Process:
 
 
 class Workers:
-    """`nproc` worker processes running `target` once per round (`runtime/worker.py`)."""
+    """One worker process per device of the host, running `target` once per round (`runtime/worker.py`).
+
+    A worker belongs to its device for its life (its slot is the device's index): the devices of a round
+    are those the host has then (`hand`); a device added gets a new fork, a removed one's worker ends."""
 
     def __init__(self, target: list[str], nproc: int, run_id: str, run_dir: Path, records: Records) -> None:
-        self.target, self.nproc, self.run_id, self.run_dir = target, nproc, run_id, run_dir
+        self.target, self.run_id, self.run_dir = target, run_id, run_dir
         self.records = records
         self.channel = Channel("127.0.0.1", free_port())
         self.channel.serve()
@@ -56,11 +59,18 @@ class Workers:
             session=True,
         )
         self.spawned = 0
-        self.slots = [self._spawn() for _ in range(nproc)]
+        self.slots: dict[int, Process] = {d: self._spawn() for d in range(nproc)}
+        self.active = list(range(nproc))  # the devices of the round handed last
 
     @property
     def procs(self) -> list[Role]:
-        return [w.proc for w in self.slots]
+        return [self.slots[d].proc for d in self.active]
+
+    def grow(self, devices: list[int]) -> None:
+        """A worker for each device that has none, forked now: it warms while the old round saves."""
+        for d in devices:
+            if d not in self.slots:
+                self.slots[d] = self._spawn()
 
     def _spawn(self) -> Process:
         self.spawned += 1
@@ -68,7 +78,6 @@ class Workers:
         environ = {
             "TENPLEX_AGENT": self.address,
             "TENPLEX_AGENT_INBOX": inbox,
-            "LOCAL_WORLD_SIZE": str(self.nproc),
             "TORCHELASTIC_RUN_ID": self.run_id,
         }
         out = self.run_dir / f"worker-p{inbox}.log"
@@ -81,8 +90,8 @@ class Workers:
         """Until every worker imported what a rank needs (the agent joins only then: a host that joins
         stops the job's workers at once, and its own would otherwise spend that downtime importing)."""
         t = time.time()
-        while not all(self._warm(w) for w in self.slots):
-            dead = [w for w in self.slots if w.proc.poll() is not None]
+        while not all(self._warm(w) for w in self.slots.values()):
+            dead = [w for w in self.slots.values() if w.proc.poll() is not None]
             if dead:
                 raise AgentError(f"a worker ended before its first round; see {self.log(dead[0])}")
             time.sleep(0.02)
@@ -95,9 +104,23 @@ class Workers:
         put(self.store, f"cmd/{w.inbox}/{w.sent}", json.dumps(cmd))
         w.sent += 1
 
-    def hand(self, rnd: Round) -> None:
-        for slot, w in enumerate(self.slots):
-            self._send(w, {"kind": "round", "slot": slot, "round": rnd.to_json(), "local_world": self.nproc})
+    def hand(self, rnd: Round, devices: list[int]) -> None:
+        """Round `rnd` to the workers of `devices`, in that order; the workers of devices no longer there
+        end (a removed device may be a broken one: nothing of it is kept)."""
+        self._end(*[self.slots.pop(d) for d in list(self.slots) if d not in devices])
+        self.grow(devices)
+        if not all(self._warm(self.slots[d]) for d in devices):
+            self.warm()
+        self.active = list(devices)
+        for i, d in enumerate(devices):
+            cmd = {
+                "kind": "round",
+                "slot": d,
+                "position": i,
+                "round": rnd.to_json(),
+                "local_world": len(devices),
+            }
+            self._send(self.slots[d], cmd)
 
     def stop(self, rnd: Round, why: str, broken: bool = False) -> None:
         """The round stops at its next step boundary (each worker's `ElasticJob.running` asks); a broken
@@ -117,8 +140,8 @@ class Workers:
     def ended(self, rnd: Round) -> dict[int, dict[str, Any]]:
         """Workers whose round ended: parked with their outcome, or dead (their process exited)."""
         out: dict[int, dict[str, Any]] = {}
-        for slot, w in enumerate(self.slots):
-            key = f"parked/{rnd.number}/{slot}"
+        for slot in self.active:
+            w, key = self.slots[slot], f"parked/{rnd.number}/{slot}"
             if has(self.store, key):
                 out[slot] = json.loads(self.store.get(key))
             elif w.proc.poll() is not None:
@@ -127,18 +150,18 @@ class Workers:
 
     def broke(self, rnd: Round) -> dict[int, str]:
         """Workers whose round failed and that are still tearing it down (`worker.py` says so first)."""
-        keys = {slot: f"broke/{rnd.number}/{slot}" for slot in range(self.nproc)}
+        keys = {slot: f"broke/{rnd.number}/{slot}" for slot in self.active}
         return {slot: self.store.get(k).decode() for slot, k in keys.items() if has(self.store, k)}
 
     def park(self, rnd: Round, timeout: float) -> list[int]:
         """Wait until every worker ended the round; replace those that died or still hang after `timeout`.
         The slots whose round failed (error, dead, hung)."""
         deadline = time.monotonic() + timeout
-        while len(ended := self.ended(rnd)) < self.nproc and time.monotonic() < deadline:
+        while len(ended := self.ended(rnd)) < len(self.active) and time.monotonic() < deadline:
             time.sleep(0.01)
         failed = []
-        for slot, w in enumerate(self.slots):
-            e = ended.get(slot, {"outcome": "hung"})
+        for slot in self.active:
+            w, e = self.slots[slot], ended.get(slot, {"outcome": "hung"})
             if e["outcome"] in ("dead", "hung"):
                 self._replace(slot)
             if e["outcome"] not in ("done", "stopped"):
@@ -157,13 +180,18 @@ class Workers:
             w.proc.wait()
         self.slots[slot] = self._spawn()
 
-    def close(self) -> None:
-        for w in self.slots:
+    def _end(self, *ws: Process) -> None:
+        """The workers told to exit, all at once, then waited for (killed after 10 s)."""
+        for w in ws:
             if w.proc.poll() is None:
                 self._send(w, {"kind": "exit"})
-        for w in self.slots:
+        for w in ws:
             try:
                 w.proc.wait(10)
             except subprocess.TimeoutExpired:
                 w.proc.kill()
+                w.proc.wait()
+
+    def close(self) -> None:
+        self._end(*self.slots.values())
         self.pool.close()

@@ -135,11 +135,17 @@ def test_agents_join_lose_a_host_rejoin_and_leave(tmp_path, static) -> None:
     )
 
 
-def test_a_hosts_devices_change_while_it_stays(tmp_path, static) -> None:
-    """`tenplex devices`: one host's devices go 0,1 -> 0,1,2,3 -> 1,3 (two added, then two removed, as
-    when a device fails) without the host leaving. Each change waits for a step boundary; the workers of
-    devices that stay are the same processes throughout (a removed device's worker ends, an added one's is
-    forked while the old round saves); the losses equal the static run's and every sample is used once."""
+def _trained_in(out: Path, layout: str) -> int:
+    return sum(len(r["steps"]) for r in rounds(out) if r["ready"] and r["ready"]["layout"] == layout)
+
+
+def test_a_hosts_devices_and_the_layout_change_while_it_stays(tmp_path, static) -> None:
+    """`tenplex devices` and `tenplex layout`, each a change without a change of the job's hosts: one
+    host's devices go 0,1 -> 0,1,2,3 (two added), the layout is asked for at the same world (dp2-tp2 ->
+    dp1-tp2-pp2), then the devices go to 1,3 (two removed, as when a device fails; the asked layout does
+    not fit 2 ranks, so the table's is taken). Each change waits for a step boundary; the workers of the
+    devices that stay are the same processes throughout (a removed device's worker ends, an added one's
+    is forked while the old round saves); the losses equal the static run's, every sample is used once."""
     hosts = Hosts(tmp_path)
     job = AgentJob(hosts, "devs", _target(tmp_path, "devs", 0.2), nodes="1")
     out = tmp_path / "out"
@@ -157,24 +163,32 @@ def test_a_hosts_devices_change_while_it_stays(tmp_path, static) -> None:
         job.wait("4 devices", lambda: trained(out, 4) >= 3)
         status = _cli(hosts, "status", *rdzv, "--json")
         assert json.loads(status.stdout)["agents"][0]["devices"] == [0, 1, 2, 3], status.stdout
+        bad = _cli(hosts, "layout", "dp=x", *rdzv)
+        assert bad.returncode == 2 and "malformed layout" in bad.stderr, bad.stderr
+        assert _cli(hosts, "layout", "tp=2,pp=2", *rdzv).returncode == 0
+        job.wait("dp1-tp2-pp2", lambda: _trained_in(out, "dp1-tp2-pp2") >= 3)
         assert _cli(hosts, "devices", url, "1,3", *rdzv).returncode == 0
         assert a.wait(150) == 0, (tmp_path / "agent-A.log").read_text()[-4000:]
     finally:
         job.close()
         hosts.close()
     rs = [r for r in rounds(out) if r["ready"]]
-    assert [r["ready"]["world"] for r in rs] == [2, 4, 2], [r["ready"]["world"] for r in rs]
-    assert [r["start"]["kind"] for r in rs] == ["fresh", "loaded", "loaded"]
-    one, two, three = (r["ready"]["pids"] for r in rs)
-    assert one[1] == two[1] == three[0] and two[3] == three[1], (one, two, three)  # devices 1 and 3 kept
-    assert len({*one, *two, *three}) == 4  # one process per device ever used
+    labels = [r["ready"]["layout"] for r in rs]
+    assert labels == ["dp1-tp1-pp2", "dp2-tp2-pp1", "dp1-tp2-pp2", "dp1-tp1-pp2"], labels
+    assert [r["start"]["kind"] for r in rs] == ["fresh", "loaded", "loaded", "loaded"]
+    one, two, three, four = (r["ready"]["pids"] for r in rs)
+    assert one[1] == two[1] == four[0] and two == three and two[3] == four[1], (one, two, three, four)
+    assert len({*one, *two, *four}) == 4  # one process per device ever used
     formed = [r["devices"] for r in _records(tmp_path / "A") if r["kind"] == "round"]
-    assert formed == [[0, 1], [0, 1, 2, 3], [1, 3]], formed
+    assert formed == [[0, 1], [0, 1, 2, 3], [0, 1, 2, 3], [1, 3]], formed
     assert rs[-1]["done"]["step"] == STEPS and ledger(out)["ok"]
     losses = {s["step"]: s["loss"] for r in rs for s in r["steps"]}
     worst = max(abs(losses[k] - static[k]) for k in losses)
     assert sorted(losses) == list(range(1, STEPS + 1)) and worst <= TOLERANCE, worst
-    print("devices: downtime per change", [(d["world"], round(d["downtime"], 2)) for d in downtimes(out)])
+    print(
+        "devices, layout: downtime per change",
+        [(d["world"], round(d["downtime"], 2)) for d in downtimes(out)],
+    )
 
 
 def _records(run_dir: Path) -> list[dict]:

@@ -1,5 +1,6 @@
 """`tenplex agent` (one per host, torchrun's flags), `tenplex rendezvous`, `tenplex status`, `stop` and
-`devices` (a host's devices change: one lost, or added, while the host stays).
+`devices` (a host's devices change: one lost, or added, while the host stays) and `layout` (the layout the
+job takes, without a change of its devices).
 
 `status` and `stop` serve both kinds of job: with a RUN_DIR, a `tenplex run`'s (its cluster.json); without,
 an agent job's, through its rendezvous endpoint."""
@@ -55,6 +56,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("devices", metavar="DEVICES", help="the device indices its workers run on, e.g. 0,2,3")
     add_flags(d, AgentConfig, only=("endpoint", "run_id"))
     d.set_defaults(func=_devices)
+
+    lay = sub.add_parser("layout", help="ask an agent job for a layout (at a step boundary), or `auto`")
+    lay.add_argument("layout", metavar="LAYOUT", help="dp=2,tp=2,pp=1 (taken by worlds it fits), or auto")
+    add_flags(lay, AgentConfig, only=("endpoint", "run_id"))
+    lay.set_defaults(func=_layout)
 
 
 def _conf(text: str) -> dict[str, str]:
@@ -175,4 +181,20 @@ def _devices(args: argparse.Namespace) -> int:
     put(base, job_key(args.rdzv_id, "devices", agent["store"]), ",".join(map(str, wanted)))
     print(f"job {args.rdzv_id}: {agent['store']} goes from devices {agent.get('devices')} to {wanted} "
           "at its workers' next step boundary")  # fmt: skip
+    return 0
+
+
+def _layout(args: argparse.Namespace) -> int:
+    from ..ptc.layout import parse_layout
+    from ..runtime.channel import put
+    from ..runtime.rounds import job_key
+
+    auto = args.layout == "auto"
+    text = "" if auto else ",".join(f"{k}={v}" for k, v in parse_layout(args.layout).items())
+    base, agents = _job(args)
+    if not agents:
+        raise TenplexError(f"no agent of job {args.rdzv_id!r} reported to {args.rdzv_endpoint}")
+    put(base, job_key(args.rdzv_id, "layout"), text)
+    what = "each world's own layout" if auto else f"{text} wherever the world fits it"
+    print(f"job {args.rdzv_id}: {what}, from the workers' next step boundary")
     return 0

@@ -9,32 +9,11 @@ import time
 from ..planner import Bandwidth, Plan, assign_plan, central_plan, plan
 from ..planner.estimate import LINKS, Costs, Estimate, Links, estimate, parse_links
 from ..ptc import PTC, Mesh, ModelSpec, PTCError, device_id, model_ptc
+from ..ptc.layout import parse_layout
 from ..util import human_bytes, print_table
 from .args import MODEL_HELP, add_snapshot_args, model_spec, snapshot
 
-LAYOUT_KEYS = ("dp", "tp", "pp")
 DEFAULT_LINKS = ",".join(LINKS)
-
-
-def parse_layout(text: str) -> dict[str, int]:
-    """`dp=2,tp=4,pp=2` -> {"dp": 2, "tp": 4, "pp": 2}; unspecified axes are 1."""
-    out = dict.fromkeys(LAYOUT_KEYS, 1)
-    seen = set()
-    for part in filter(None, text.split(",")):
-        key, sep, value = part.partition("=")
-        key = key.strip()
-        if not sep or key not in LAYOUT_KEYS or key in seen:
-            raise PTCError(f"malformed layout {text!r}: expected e.g. dp=2,tp=4,pp=2")
-        try:
-            out[key] = int(value)
-        except ValueError:
-            raise PTCError(f"malformed layout {text!r}: {key} must be an integer") from None
-        if out[key] < 1:
-            raise PTCError(f"malformed layout {text!r}: {key} must be at least 1")
-        seen.add(key)
-    if not seen:
-        raise PTCError(f"malformed layout {text!r}: expected e.g. dp=2,tp=4,pp=2")
-    return out
 
 
 def allocate_devices(

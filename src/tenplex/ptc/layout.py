@@ -31,6 +31,30 @@ def check_layout(cfg: GPTConfig, dp: int, tp: int, pp: int) -> None:
         raise LayoutError(f"pp={pp} is more than the model's {cfg.layers} layers")
 
 
+LAYOUT_KEYS = ("dp", "tp", "pp")
+
+
+def parse_layout(text: str) -> dict[str, int]:
+    """`dp=2,tp=4,pp=2` -> {"dp": 2, "tp": 4, "pp": 2}; unspecified axes are 1."""
+    out = dict.fromkeys(LAYOUT_KEYS, 1)
+    seen = set()
+    for part in filter(None, text.split(",")):
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        if not sep or key not in LAYOUT_KEYS or key in seen:
+            raise LayoutError(f"malformed layout {text!r}: expected e.g. dp=2,tp=4,pp=2")
+        try:
+            out[key] = int(value)
+        except ValueError:
+            raise LayoutError(f"malformed layout {text!r}: {key} must be an integer") from None
+        if out[key] < 1:
+            raise LayoutError(f"malformed layout {text!r}: {key} must be at least 1")
+        seen.add(key)
+    if not seen:
+        raise LayoutError(f"malformed layout {text!r}: expected e.g. dp=2,tp=4,pp=2")
+    return out
+
+
 @dataclass(frozen=True)
 class Layout:
     dp: int = 1

@@ -134,7 +134,8 @@ class Agent:
             f"tenplex/node/{node}",
             json.dumps({"store": self.entry.to_json(), "nproc": len(self.devices)}),
         )
-        if node == 0:
+        if node == 0:  # one layout for the whole round: what was asked when it formed
+            put(rs, "tenplex/layout", self._asked_layout())
             put(rs, "tenplex/round", str(self.base.add(job_key(run_id, "rounds"), 1)))
         members = [json.loads(rs.get(f"tenplex/node/{i}")) for i in range(nodes)]
         number = int(rs.get("tenplex/round"))
@@ -157,6 +158,7 @@ class Agent:
             sources,
             sorted(self.gone),
             str(Path(self.cfg.persist_dir).resolve()) if self.cfg.persist_dir else None,
+            rs.get("tenplex/layout").decode(),
         )
         self._ring(stores, nodes)
         hosts = [e.host for e in entries]
@@ -251,6 +253,11 @@ class Agent:
             self.workers.grow(wanted)  # forks for added devices warm while the round saves
             self._request_change(rnd, f"devices {self.devices} -> {wanted}")
             return "change"
+        if self._asked_layout() != rnd.layout:
+            self._request_change(
+                rnd, f"layout {rnd.layout or 'chosen'} -> {self._asked_layout() or 'chosen'}"
+            )
+            return "change"
         failed = {s: e["error"] for s, e in ended.items() if e["outcome"] in ("error", "dead")}
         failed.update(self.workers.broke(rnd))
         if failed:
@@ -281,6 +288,12 @@ class Agent:
             log.warning("ignoring %s: %s", key, e)
             return self.devices
         return wanted
+
+    def _asked_layout(self) -> str:
+        """The layout `tenplex layout` asked for ("": none, each world chooses its own)."""
+        assert self.base is not None
+        key = job_key(self.cfg.run_id, "layout")
+        return self.base.get(key).decode() if has(self.base, key) else ""
 
     def _mark_refused(self, rnd: Round) -> None:
         """A worker's collective broke: the members whose store refuses connections (no process listens

@@ -4,7 +4,7 @@ data ledger.
 Started by the controller (local processes, a standby pool) or by torchrun (`runtime/elastic.py`); all it
 needs is its `WorkerSpec` (the phase's file, $TENPLEX_WORKER_SPEC or --spec) and the torchrun-style
 environment (RANK, WORLD_SIZE, MASTER_*). A spec without a layout (torchrun) has the layout chosen for
-WORLD_SIZE.
+WORLD_SIZE, or the one `tenplex layout` asked for (under agents) where it fits.
 """
 
 from __future__ import annotations
@@ -17,17 +17,36 @@ from dataclasses import asdict, replace
 
 import torch.distributed as dist
 
+from ..ptc import PTCError, preset
+from ..ptc.layout import Layout, parse_layout
 from ..train.config import TrainConfig
 from ..train.trainer import Trainer
+from ..util import env
 from .job import ElasticJob, JobError
 from .spec import SPEC, SpecError, WorkerSpec
+
+
+def asked_layout(model: str, world: int) -> Layout | None:
+    """The layout `tenplex layout` asked for ($TENPLEX_LAYOUT), if this world and the model fit it (else
+    the world's own choice, said once by rank 0)."""
+    text = env.get(env.LAYOUT)
+    if text is None:
+        return None
+    layout = Layout.from_dict(parse_layout(text))
+    try:
+        layout.check(preset(model), world)
+    except PTCError as e:
+        if os.environ.get("RANK") == "0":
+            print(f"[tenplex] layout {text} not taken: {e}", flush=True)
+        return None
+    return layout
 
 
 def run(spec: WorkerSpec) -> int:
     if spec.train is None:
         raise SpecError("the reference workload's spec has no training config")
     cfg = TrainConfig(**spec.train)
-    layout = spec.layout
+    layout = spec.layout or asked_layout(cfg.model, int(os.environ["WORLD_SIZE"]))
     if layout is None:
         from .chooser import choose
 

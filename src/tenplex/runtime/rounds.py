@@ -9,7 +9,8 @@ Two key spaces, both torch `Store`s (no files):
   `done` or `error` with its message);
 - the job's keys in the rendezvous store (`tenplex/ID/...`, beside torch's own rendezvous state): every
   store the job has had (`store/I`), changes requested for a round (`change/R`), the status of each agent,
-  `stop` from `tenplex stop`, and the newest round whose workers have loaded (`loaded`).
+  `stop` from `tenplex stop`, the newest round whose workers have loaded (`loaded`), a host's devices
+  (`devices/URL`, from `tenplex devices`) and the layout asked for (`layout`, from `tenplex layout`).
 
 A `Round` is one membership of the job: which agents, in which order, the group's master, and the stores.
 """
@@ -68,6 +69,7 @@ class Round:
     sources: list[str] = field(default_factory=list)  # every store a snapshot may be in, former ones too
     gone: list[str] = field(default_factory=list)  # stores of hosts lost (not left): counted lost unasked
     durable: str | None = None  # the agents' --persist-dir: checkpoints to fall back to
+    layout: str = ""  # the layout the job asks for (`tenplex layout`), taken where the world fits it
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -94,6 +96,7 @@ class Round:
         }
         out[env.SOURCES] = ",".join(dict.fromkeys([*self.stores, *self.sources]))
         out[env.LOST] = ",".join(self.gone)
+        out[env.LAYOUT] = self.layout  # set every round: a kept worker's environment holds the last one
         if self.durable:
             out[env.DURABLE] = self.durable
         return out

@@ -24,6 +24,7 @@ STATE_DIR = "TENPLEX_STATE_DIR"  # where a job's record of its stores lives (def
 FRESH = "TENPLEX_FRESH"  # "1": a job whose stores are lost may start over from step 0
 CACHE = "TENPLEX_CACHE"  # where prepared corpora are cached
 CALIBRATION = "TENPLEX_CALIBRATION"  # the chooser's benchmark rows, instead of the packaged ones
+LAYOUT = "TENPLEX_LAYOUT"  # the layout asked for (dp=2,tp=2,pp=1): taken by a world it fits (agents)
 CHOOSES = "TENPLEX_CHOOSES"  # "1": rank processes choose their layout (an agent's): the chooser preloaded
 
 

@@ -8,7 +8,9 @@ each runtime:
 1. scale out: host B joins (world 2 -> 4, dp1-tp1-pp2 -> dp2-tp2-pp1);
 2. scale in: B leaves as planned (SIGTERM);
 3. scale out again: B joins again;
-4. host lost: everything on B killed at once (agent, workers, store).
+4. host lost: everything on B killed at once (agent, workers, store);
+5. A's devices 2 -> 4 while A stays (world 2 -> 4): `tenplex devices` for the agent; torchrun restarts
+   A's agent with `--nproc-per-node 4` (the only way it has), `tenplex run` has no such change here.
 
 - agent: `tenplex agent` on each host (defaults: a replica ring, workers kept across rounds);
 - torchrun: `python -m torch.distributed.run` with the same c10d settings the agent uses (1 s last call,
@@ -18,9 +20,10 @@ each runtime:
   four changes (its own downtime accounting, from its summary).
 
 Downtime: from the old round's last step to the new round's first, less one step's time (0.2 s steps
-here). For a lost host, `detect_s` is the part before the new round formed (the agents take a host whose
-store refuses or is unreachable out of the rendezvous once a collective breaks; torch's rendezvous drops a
-silent one after its heartbeats lapse: 1 s x 3), reported on its own; `after_detect_s` the rest.
+here); the agent's in parts too, from its rounds' records (`agent_hosts.round_parts`). For a lost host,
+`detect_s` is the part before the new round formed (the agents take a host whose store refuses or is
+unreachable out of the rendezvous once a collective breaks; torch's rendezvous drops a silent one after
+its heartbeats lapse: 1 s x 3), reported on its own; `after_detect_s` the rest.
 
     python benchmarks/bench_agent.py                       # netns if root, else loopback: ~4 minutes
     python benchmarks/bench_agent.py --network loopback
@@ -41,6 +44,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from common import print_rows, write_results
 from tenplex.runtime import netns
 from tenplex.runtime.agent_hosts import (
+    PARTS,
     TABLE,
     AgentJob,
     Hosts,
@@ -57,6 +61,7 @@ CHANGES = [
     "scale in 4 → 2 (leave)",
     "scale out 2 → 4 (join again)",
     "host lost 4 → 2",
+    "A's devices 2 → 4 (host stays)",
 ]
 RDZV = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3"
 EVERY = 6  # steps each round trains before the next change
@@ -80,6 +85,9 @@ def drive(job, out: Path) -> float:
             job.wait("world 2", lambda t=t: trained(out, 2, since=t) >= EVERY, 300)
     lost = job.lose("B")
     job.wait("world 2 after the loss", lambda: trained(out, 2, since=lost) >= EVERY, 300)
+    t = time.time()
+    job.devices("A", 4)
+    job.wait("4 devices on A", lambda: trained(out, 4, since=t) >= EVERY, 300)
     return lost
 
 
@@ -89,6 +97,7 @@ class Torchrun:
     def __init__(self, hosts: Hosts, tmp: Path, job: str, pace: float) -> None:
         self.hosts, self.tmp, self.job, self.target = hosts, tmp, job, target(tmp, job, pace)
         self.agents: dict[str, subprocess.Popen] = {}
+        self.nproc = {"A": 2, "B": 2}
         self.rdzv = Rendezvous(hosts)
         self.addr = {n: hosts.add(n) for n in ("A", "B")}
         self.port = {n: hosts.port(n, 7070) for n in ("A", "B")}
@@ -139,7 +148,7 @@ class Torchrun:
             "-m",
             "torch.distributed.run",
             "--nnodes=1:2",
-            "--nproc-per-node=2",
+            f"--nproc-per-node={self.nproc[name]}",
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={self.rdzv.endpoint}",
             f"--rdzv-id={self.job}",
@@ -150,6 +159,12 @@ class Torchrun:
             *self.target,
         ]
         self.agents[name] = self.hosts.popen(name, cmd, env, self.tmp / f"torchrun-{name}.log")
+
+    def devices(self, name: str, count: int) -> None:
+        """torchrun's way: the host's agent stopped (its workers with it) and started with `count`."""
+        self.leave(name)
+        self.nproc[name] = count
+        self.start(name)
 
     def leave(self, name: str) -> int:
         p = self.agents.pop(name)
@@ -188,7 +203,7 @@ def measure(kind: str, args: argparse.Namespace, tmp: Path) -> tuple[list[dict],
     finally:
         job.close()
         hosts.close()
-    return downtimes(tmp / "out"), lost
+    return downtimes(tmp / "out", tmp / "A" if kind == "agent" else None), lost
 
 
 def detection(tmp: Path, lost: float) -> float:
@@ -273,6 +288,7 @@ def main() -> None:
         }
         if change.startswith("host lost"):
             row.update(detect_s=detect, after_detect_s=a - detect)
+        row["agent_parts"] = found["agent"][0][i]["parts"]
         rows.append(row)
     meta = {
         "command": "python benchmarks/bench_agent.py"
@@ -286,6 +302,9 @@ def main() -> None:
         rows,
         ["change", "agent_s", "torchrun_s", "tenplex_run_s", "x_torchrun", "detect_s", "after_detect_s"],
     )
+    parts = [p for p in PARTS if any(abs(r["agent_parts"][p]) >= 0.005 for r in rows)]
+    flat = [{"change": r["change"], **r["agent_parts"]} for r in rows]
+    print_rows("tenplex agent: downtime by part (s)", flat, ["change", *parts])
     print(write_results("bench_agent", rows, meta, args.out))
 
 

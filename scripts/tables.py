@@ -247,10 +247,18 @@ def agent_after(doc: dict) -> str:
     )
     return (f"\nOn {where}, {doc.get('pace_s', 0):g} s steps. Agent and torchrun: from the old round's last "
             "step to the new round's first, less one step; `tenplex run`: its own accounting of the same "
-            "four changes (one machine's runtime, ranks started ahead). A lost host's downtime includes the "
-            "failure detection, shown apart for the agent: until the next round formed (a host whose store "
-            "refuses or is unreachable is taken out of the rendezvous once a collective breaks; a silent one "
-            "after 3 s without heartbeats).\n")  # fmt: skip
+            "first four changes (one machine's runtime, ranks started ahead). A lost host's downtime "
+            "includes the failure detection, shown apart for the agent: until the next round formed (a host "
+            "whose store refuses or is unreachable is taken out of the rendezvous once a collective breaks; "
+            "a silent one after 3 s without heartbeats). A host's devices changing while it stays: `tenplex "
+            "devices` for the agent; torchrun's agent on that host restarted with another "
+            "`--nproc-per-node`.\n")  # fmt: skip
+
+
+def agent_parts(row: dict) -> str:
+    """Where the agent's downtime of a change went (`agent_hosts.round_parts`), parts of 5 ms and more."""
+    parts = row.get("agent_parts", {}).items()
+    return ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in parts if abs(v) >= 0.005) or "–"
 
 
 PEERS = "python benchmarks/bench_peers.py"
@@ -540,6 +548,15 @@ TABLES: dict[str, Table] = {
             ("after detection (s)", key("after_detect_s", lambda v: num(v, 2))),
         ),
         after=agent_after,
+    ),
+    "agent-parts": Table(
+        "bench_agent.json",
+        "python benchmarks/bench_agent.py",
+        (
+            ("change", key("change")),
+            ("downtime (s)", key("agent_s", lambda v: num(v, 2))),
+            ("of it, by part (s)", agent_parts),
+        ),
     ),
     "deepspeed": Table(
         "bench_deepspeed.json",

@@ -185,10 +185,9 @@ def test_a_hosts_devices_and_the_layout_change_while_it_stays(tmp_path, static) 
     losses = {s["step"]: s["loss"] for r in rs for s in r["steps"]}
     worst = max(abs(losses[k] - static[k]) for k in losses)
     assert sorted(losses) == list(range(1, STEPS + 1)) and worst <= TOLERANCE, worst
-    print(
-        "devices, layout: downtime per change",
-        [(d["world"], round(d["downtime"], 2)) for d in downtimes(out)],
-    )
+    for d in downtimes(out, tmp_path / "A"):
+        print("devices, layout: world", d["world"], "downtime", round(d["downtime"], 2),
+              {k: round(v, 2) for k, v in d["parts"].items()})  # fmt: skip
 
 
 def _records(run_dir: Path) -> list[dict]:

@@ -25,6 +25,7 @@ from .records import Kind, read_records
 from .rounds import AgentError
 
 RDZV_PORT = 29400
+PARTS = ("stop", "save", "rendezvous", "start", "process_group", "build", "load", "first_step", "other")
 # the reference workload's layouts in the agent tests and benchmark: a change of world moves tp and pp too
 TABLE = {"2": {"dp": 1, "tp": 1, "pp": 2}, "4": {"dp": 2, "tp": 2, "pp": 1}}
 
@@ -204,6 +205,14 @@ class AgentJob:
         self.agents[name] = p
         return p
 
+    def devices(self, name: str, count: int) -> None:
+        """Host `name`'s devices become 0..count-1 (`tenplex devices`), taken at the next step boundary."""
+        rdzv = ["--rdzv-endpoint", self.endpoint, "--rdzv-id", self.job]
+        argv = [sys.executable, "-m", "tenplex.cli.main", "devices", self.store_url(name), *rdzv]
+        done = self.hosts.run("rdzv", [*argv[:5], ",".join(map(str, range(count))), *argv[5:]])
+        if done.returncode:
+            raise AgentError(f"tenplex devices: {done.stderr.strip()}")
+
     def store_url(self, name: str) -> str:
         return f"http://{self.hosts.add(name)}:{self.stores[name]}"
 
@@ -267,11 +276,20 @@ def _split(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         # a start after the `settings` record opens no new round
         starts = rec["kind"] in (Kind.FRESH, Kind.LOADED)
         if not found or (starts and found[-1]["start"] is not None):
-            found.append({"round": len(found) + 1, "start": None, "ready": None, "done": None, "steps": []})
+            found.append(
+                {
+                    "round": len(found) + 1,
+                    "start": None,
+                    "ready": None,
+                    "saved": None,
+                    "done": None,
+                    "steps": [],
+                }
+            )
         r = found[-1]
         if rec["kind"] in (Kind.FRESH, Kind.LOADED):
             r["start"] = rec
-        elif rec["kind"] in (Kind.READY, Kind.DONE):
+        elif rec["kind"] in (Kind.READY, Kind.SAVED, Kind.DONE):
             r[rec["kind"]] = rec
         elif rec["kind"] == Kind.STEP:
             r["steps"].append(rec)
@@ -287,10 +305,16 @@ def trained(out: Path, world: int, since: float = 0.0) -> int:
     )
 
 
-def downtimes(out: Path) -> list[dict[str, Any]]:
+def downtimes(out: Path, agent: Path | None = None) -> list[dict[str, Any]]:
     """Per change: from the old round's last step record to the new round's first, less one step's
-    time (a step's record is written when it ends): the downtime as the job saw it."""
+    time (a step's record is written when it ends): the downtime as the job saw it. With `agent` (an
+    agent's run directory, whose records say when each round formed), its parts too (`round_parts`)."""
     rs = [r for r in rounds(out) if r["steps"]]
+    formed = {}
+    if agent is not None:
+        formed = {
+            r["round"]: r["time"] for r in read_records(agent / "agent.jsonl")[0] if r["kind"] == "round"
+        }
     found = []
     for a, b in pairwise(rs):
         step = b["steps"][1]["time"] - b["steps"][0]["time"] if len(b["steps"]) > 1 else 0.0
@@ -304,4 +328,37 @@ def downtimes(out: Path) -> list[dict[str, Any]]:
                 "loaded": b["start"],
             }
         )
+        if agent is not None:
+            found[-1]["parts"] = round_parts(a, b, formed.get(b["round"]), step, gap)
     return found
+
+
+def round_parts(
+    a: dict[str, Any], b: dict[str, Any], formed: float | None, step: float, gap: float
+) -> dict[str, float]:
+    """A change's downtime (`gap`) in parts, from the rounds' records and when the new round formed:
+    stop and save (the old round's final save; none after a failure), rendezvous (from that save, or the
+    last step, until the new round formed: torch's rendezvous and, after a loss, its detection), start
+    (the agent parking and handing the round, the script's start-up), then process_group, build, load and
+    first_step (its time beyond a step's, `step`) as `tenplex run`'s `runtime/downtime.py` has them."""
+    since = a["steps"][-1]["time"]
+    saved = a["saved"]
+    save = saved["seconds"] if saved else 0.0
+    saved_at = saved["time"] if saved else since
+    ready = b["ready"]
+    init_at = ready.get("init_at", ready["time"])
+    group, load = ready.get("process_group_seconds", 0.0), ready.get("load_seconds", 0.0)
+    formed_at = formed if formed is not None else saved_at
+    parts = {
+        "stop": max(0.0, saved_at - save - since) if saved else 0.0,
+        "save": save,
+        "rendezvous": max(0.0, formed_at - saved_at),
+        "start": init_at - max(formed_at, saved_at),
+        "process_group": group,
+        "build": ready["time"] - init_at - group - load,
+        "load": load,
+        "first_step": b["steps"][0]["time"] - ready["time"] - step,
+    }
+    parts["other"] = gap - sum(parts.values())
+    assert tuple(parts) == PARTS
+    return parts

@@ -13,7 +13,7 @@ from tenplex.ptc import PTCError, preset, stage_layers  # noqa: E402
 from tenplex.ptc.gpt import param_shapes  # noqa: E402
 from tenplex.ptc.layout import Layout, LayoutError, layouts  # noqa: E402
 from tenplex.train.model import GPT  # noqa: E402
-from tenplex.train.optim import WarmupCosine, build_optimizer  # noqa: E402
+from tenplex.train.optim import WarmupCosine, build_optimizer, init_state  # noqa: E402
 
 
 @pytest.mark.parametrize("name", ["tiny", "small"])
@@ -106,6 +106,34 @@ def test_weight_decay_only_on_matrices() -> None:
     decay, no_decay = opt.param_groups
     assert all(p.ndim == 2 for p in decay["params"]) and all(p.ndim == 1 for p in no_decay["params"])
     assert no_decay["weight_decay"] == 0.0
+
+
+@pytest.mark.parametrize("amsgrad", [False, True])
+def test_a_fresh_optimizers_state_is_what_dcps_step_at_lr_0_makes(amsgrad: bool) -> None:
+    """`init_state` (no step run) and DCP's own initialization (a step at lr 0 with zero gradients) give
+    the same state dict bit for bit (keys, dtypes, values), a frozen parameter no state, and leave every
+    parameter as it was."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    def state(ours: bool) -> tuple[dict, dict]:
+        torch.manual_seed(0)
+        model = GPT(preset("tiny"))
+        model.pos_emb.weight.requires_grad_(False)
+        opt = build_optimizer(model, lr=1e-3)
+        for g in opt.param_groups:
+            g["amsgrad"] = amsgrad
+        if ours:
+            init_state(opt)
+        return get_optimizer_state_dict(model, opt), {k: v.clone() for k, v in model.state_dict().items()}
+
+    (dcp, before), (mine, after) = state(False), state(True)
+    flat = lambda sd: {f"{p}.{k}": v for p, st in sd["state"].items() for k, v in st.items()}  # noqa: E731
+    a, b = flat(dcp), flat(mine)
+    assert sorted(a) == sorted(b) and not any(k.startswith("pos_emb.") for k in a), sorted(a)[:4]
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+    assert dcp["param_groups"] == mine["param_groups"]
+    assert all(torch.equal(before[k], after[k]) for k in before)
 
 
 def test_layouts_and_errors() -> None:

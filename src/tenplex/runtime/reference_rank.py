@@ -65,7 +65,7 @@ def run(spec: WorkerSpec) -> int:
             dist.destroy_process_group()
             return 0
     fresh_optimizer = not trainer.optimizer.state
-    state = trainer.state_dict()  # DCP gives a fresh optimizer its state: a zero step at lr 0
+    state = trainer.state_dict()  # a fresh optimizer gets its state (`train.optim.init_state`)
     job.resume(state)
     if job.resumed:
         trainer.load_state_dict(state)

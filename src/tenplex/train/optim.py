@@ -19,6 +19,28 @@ def build_optimizer(
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=1e-8, foreach=False)
 
 
+def init_state(optimizer: torch.optim.Optimizer) -> None:
+    """Give a fresh Adam or AdamW the state its first step at lr 0 leaves (step 1, zero moments) without
+    running that step. DCP's `get_optimizer_state_dict` initializes a fresh optimizer so, and on DTensor
+    parameters the step is a full pass of DTensor dispatch over every parameter: the largest part of a new
+    layout's build before its load. The result is the same (the step at lr 0 changes no parameter bit).
+    Other optimizers, and Adam variants whose step lives on the device (capturable, fused): left to DCP."""
+    if optimizer.state or not isinstance(optimizer, torch.optim.Adam):
+        return
+    groups = optimizer.param_groups
+    if any(g.get("capturable") or g.get("fused") or g.get("differentiable") for g in groups):
+        return
+    scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32  # Adam's own
+    for group in groups:
+        for p in (p for p in group["params"] if p.requires_grad):
+            state = optimizer.state[p]
+            state["step"] = torch.tensor(1.0, dtype=scalar)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            if group["amsgrad"]:
+                state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
 class WarmupCosine:
     """lr multiplier: linear warm-up over `warmup` steps, then cosine down to `min_ratio` at `total`.
 

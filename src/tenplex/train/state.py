@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from ..data.sampler import ElasticSampler
+from .optim import init_state
 
 # optimizer state and hyperparameters keyed by parameter name ("state.<fqn>.exp_avg",
 # "param_groups.<fqn>.lr"): a pipeline stage then holds exactly its own parameters' entries, whatever
@@ -46,6 +47,7 @@ def job_state(
     step: int,
 ) -> dict[str, Any]:
     """This rank's view of the whole job state, in global names and shapes (see the module docstring)."""
+    init_state(optimizer)  # a fresh optimizer's state without DCP's step at lr 0
     return {
         "model": get_model_state_dict(model),
         "optim": get_optimizer_state_dict(model, optimizer, options=FLAT),

@@ -24,7 +24,6 @@ import pytest
 from launch import SRC
 from tenplex.runtime.records import read_records
 from tenplex.store import start_store
-from tenplex.util import free_port
 
 pytestmark = pytest.mark.dist
 
@@ -35,18 +34,19 @@ TABLE = {"2": {"dp": 1, "tp": 1, "pp": 2}, "4": {"dp": 2, "tp": 2, "pp": 1}}
 RDZV_CONF = "join_timeout=90,last_call_timeout=2,keep_alive_interval=2,keep_alive_max_attempt=3"
 
 
-def _c10d_unavailable() -> str | None:
-    """Why torchrun's c10d rendezvous cannot work here (it hosts a TCPStore on the endpoint), or None."""
-    try:
-        import torch.distributed as dist
+def _rendezvous_store():
+    """The job's c10d rendezvous store, hosted here on a port the kernel picks as it binds (the agents join
+    with is_host=false). A port picked free first and bound by the first agent seconds later could meanwhile
+    be taken as another connection's source port: that agent then waited 2 x 60 s on a store that never
+    came. Skips where nothing can listen."""
+    import torch.distributed as dist
 
-        store = dist.TCPStore(
-            "127.0.0.1", free_port(), is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5)
+    try:
+        return dist.TCPStore(
+            "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5)
         )
-        del store
     except (RuntimeError, OSError) as e:  # DistNetworkError and friends: nothing can listen here
-        return f"cannot host a c10d TCPStore on 127.0.0.1: {e}"
-    return None
+        pytest.skip(f"cannot host a c10d TCPStore on 127.0.0.1: {e}")
 
 
 def _descendants(pid: int) -> list[int]:
@@ -111,14 +111,12 @@ def _wait(what: str, cond: Callable[[], bool], agents: dict[str, subprocess.Pope
 
 
 def test_torchrun_join_and_leave(tmp_path: Path) -> None:
-    why = _c10d_unavailable()
-    if why:
-        pytest.skip(why)
+    rdzv = _rendezvous_store()
     out = tmp_path / "out"
     (tmp_path / "table.json").write_text(json.dumps(TABLE))
     stores = [start_store(log=str(tmp_path / f"store{i}.log"), memory_limit="1GiB") for i in range(2)]
     agents: dict[str, subprocess.Popen] = {}
-    port = free_port()
+    port = rdzv.port
 
     def agent(name: str, store: str) -> subprocess.Popen:
         env = dict(os.environ)
@@ -134,7 +132,7 @@ def test_torchrun_join_and_leave(tmp_path: Path) -> None:
         cmd = [
             sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc-per-node=2",
             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={JOB}",
-            f"--rdzv-conf={RDZV_CONF}", "--max-restarts=5", "--monitor-interval=0.5",
+            f"--rdzv-conf={RDZV_CONF},is_host=false", "--max-restarts=5", "--monitor-interval=0.5",
             "-m", "tenplex.runtime.elastic", "--model", "tiny", "--steps", str(STEPS), "--global-batch", "12",
             "--job", JOB, "--snapshot-every", "2", "--min-step-seconds", "0.4", "--out", str(out),
             "--table", str(tmp_path / "table.json"),

@@ -146,8 +146,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _stop(args: argparse.Namespace) -> int:
-    from ..runtime.channel import put
-    from ..runtime.rounds import job_key
+    from ..runtime.asked import ask_stop
 
     if args.run_dir:
         from pathlib import Path
@@ -158,15 +157,14 @@ def _stop(args: argparse.Namespace) -> int:
         return 0
 
     base, agents = _job(args)
-    put(base, job_key(args.rdzv_id, "stop"), json.dumps({"time": time.time()}))
+    ask_stop(base, args.rdzv_id)
     print(f"job {args.rdzv_id}: stop requested ({len(agents)} agents saw the job); they save and end")
     return 0
 
 
 def _devices(args: argparse.Namespace) -> int:
     from ..runtime.agentconfig import parse_devices
-    from ..runtime.channel import put
-    from ..runtime.rounds import job_key
+    from ..runtime.asked import ask_devices
 
     wanted = parse_devices(args.devices)
     base, agents = _job(args)
@@ -178,7 +176,7 @@ def _devices(args: argparse.Namespace) -> int:
         named = ", ".join(a["store"] for a in found)
         raise TenplexError(f"job {args.rdzv_id}: {len(found)} agents at {args.host!r}; name a store: {named}")
     agent = found[0]
-    put(base, job_key(args.rdzv_id, "devices", agent["store"]), ",".join(map(str, wanted)))
+    ask_devices(base, args.rdzv_id, agent["store"], wanted)
     print(f"job {args.rdzv_id}: {agent['store']} goes from devices {agent.get('devices')} to {wanted} "
           "at its workers' next step boundary")  # fmt: skip
     return 0
@@ -186,15 +184,14 @@ def _devices(args: argparse.Namespace) -> int:
 
 def _layout(args: argparse.Namespace) -> int:
     from ..ptc.layout import parse_layout
-    from ..runtime.channel import put
-    from ..runtime.rounds import job_key
+    from ..runtime.asked import ask_layout
 
     auto = args.layout == "auto"
     text = "" if auto else ",".join(f"{k}={v}" for k, v in parse_layout(args.layout).items())
     base, agents = _job(args)
     if not agents:
         raise TenplexError(f"no agent of job {args.rdzv_id!r} reported to {args.rdzv_endpoint}")
-    put(base, job_key(args.rdzv_id, "layout"), text)
+    ask_layout(base, args.rdzv_id, text)
     what = "each world's own layout" if auto else f"{text} wherever the world fits it"
     print(f"job {args.rdzv_id}: {what}, from the workers' next step boundary")
     return 0

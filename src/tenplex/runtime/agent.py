@@ -13,29 +13,27 @@ has a copy elsewhere. Membership is torch's (`DynamicRendezvousHandler`, c10d or
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import signal
-import socket
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import RendezvousError
 
-from ..ptc import TenplexError
 from ..store import StoreError
 from ..store.client import StoreClient
 from ..store.process import StoreProcess, start_store
 from ..util import env, logs
 from . import rendezvous
-from .agentconfig import AgentConfig, parse_devices
+from .agentconfig import AgentConfig
+from .asked import asked_devices, asked_layout, stop_asked
 from .beacon import Beacon
 from .channel import put
 from .durable_tier import EveryNth
+from .membership import Membership
 from .record_types import Change, End, FoundLost, Left, RoundFormed, RoundLoaded, Store
 from .records import Records
 from .rounds import AgentError, Round, StoreEntry, has, job_key, known_stores, register_store
@@ -48,18 +46,6 @@ PARK_TIMEOUT_S = 120.0  # a worker that neither parks nor dies this long after a
 # then may wait forever (gloo cannot abort one); the others park within their commit grace (worker.py)
 BROKEN_PARK_S = 1.5  # (a replacement is a fork of the host's zygote: a fraction of a second)
 LINGER_S = 120.0  # a leaving agent keeps its store this long at most, until the next round has loaded
-
-
-def refuses(url: str, timeout: float = 0.3) -> bool:
-    """Whether the store's address answers at once that nothing is there: connection refused (no process
-    listens), or host or network unreachable (its route withdrawn, its ARP unanswered). A timeout says
-    nothing: a slow host is not a lost one."""
-    where = urlsplit(url)
-    try:
-        socket.create_connection((where.hostname, where.port or 80), timeout=timeout).close()
-    except OSError as e:
-        return e.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH)
-    return False
 
 
 class Agent:
@@ -78,9 +64,6 @@ class Agent:
         self.broken = False  # the round ended because it broke (a worker failed, a member fell silent)
         self.status: dict[str, Any] = {}  # what the beacon says of this agent (`_status`)
         self.marked = 0  # the newest round this agent marked loaded
-        self.last_stores: list[str] = []  # the stores of the round before
-        self.last_round = 0  # and its number
-        self.gone: set[str] = set()  # stores of hosts lost (not left)
         self.beacon: Beacon | None = None
         self.silent_s = 3.0  # a member silent this long is lost (torch's heartbeat expiry, set in run)
         self.tier: EveryNth | None = None  # node 0's persists (--persist-every), once the job is known
@@ -120,7 +103,8 @@ class Agent:
     def _rendezvous(self) -> tuple[Round, list[str]]:
         """Join the next round; every agent's store entry and slots; the round's group master."""
         t = time.time()
-        with rendezvous.expecting(self.handler, self._expected()):
+        expected = self.members.expected(self.base, self.handler.num_nodes_waiting())
+        with rendezvous.expecting(self.handler, expected):
             info = self.handler.next_rendezvous()
         rs, node, nodes = info.store, info.rank, info.world_size
         self.base = rs.underlying_store
@@ -135,7 +119,7 @@ class Agent:
             json.dumps({"store": self.entry.to_json(), "nproc": len(self.devices)}),
         )
         if node == 0:  # one layout for the whole round: what was asked when it formed
-            put(rs, "tenplex/layout", self._asked_layout())
+            put(rs, "tenplex/layout", asked_layout(self.base, run_id))
             put(rs, "tenplex/round", str(self.base.add(job_key(run_id, "rounds"), 1)))
         members = [json.loads(rs.get(f"tenplex/node/{i}")) for i in range(nodes)]
         number = int(rs.get("tenplex/round"))
@@ -144,8 +128,7 @@ class Agent:
         boot = info.bootstrap_store_info
         stores = [e.url for e in entries]
         sources = env.url_list(env.SOURCES) or [e.url for e in known_stores(self.base, run_id)]
-        self._note_gone(stores)
-        self.last_round = number
+        self.members.formed(self.base, number, stores)
         rnd = Round(
             number,
             node,
@@ -156,7 +139,7 @@ class Agent:
             self.entry.url,
             stores,
             sources,
-            sorted(self.gone),
+            sorted(self.members.gone),
             str(Path(self.cfg.persist_dir).resolve()) if self.cfg.persist_dir else None,
             rs.get("tenplex/layout").decode(),
         )
@@ -170,37 +153,12 @@ class Agent:
                 rnd.world,
                 stores,
                 hosts,
-                sorted(self.gone),
+                sorted(self.members.gone),
                 self.devices,
                 time.time() - t,
             )
         )
         return rnd, [e.host + "|" + e.url for e in entries]
-
-    def _expected(self) -> int | None:
-        """The next round's size as this agent knows it: the last round's members, less those that left
-        as planned or were found lost in it, plus the nodes waiting to join (None: the first round)."""
-        if self.base is None or not self.last_stores:
-            return None
-        base, run_id, number = self.base, self.cfg.run_id, self.last_round
-        gone = [
-            url
-            for url in self.last_stores
-            if url != self.entry.url
-            and (has(base, job_key(run_id, "left", url)) or has(base, job_key(run_id, "lost", number, url)))
-        ]
-        return len(self.last_stores) - len(gone) + self.handler.num_nodes_waiting()
-
-    def _note_gone(self, stores: list[str]) -> None:
-        """The stores of the last round's hosts that are not in this one and did not leave as planned:
-        their hosts were lost, so a load counts them lost without waiting on them (a store that left
-        stays a source to ask: it may hold the only copy of its shards until they are loaded)."""
-        assert self.base is not None
-        for url in self.last_stores:
-            if url not in stores and not has(self.base, job_key(self.cfg.run_id, "left", url)):
-                self.gone.add(url)
-        self.gone -= set(stores)  # a store back on its port is a new incarnation: asked again
-        self.last_stores = list(stores)
 
     def _ring(self, stores: list[str], nodes: int) -> None:
         """This store copies each committed save to the next one of the round's stores (one copy by
@@ -239,25 +197,15 @@ class Agent:
     def _why_end(self, rnd: Round) -> str | None:
         assert self.base is not None
         ended, run_id = self.workers.ended(rnd), self.cfg.run_id
-        if len(ended) == self.cfg.nproc and all(e["outcome"] == "done" for e in ended.values()):
+        if len(ended) == len(self.workers.active) and all(e["outcome"] == "done" for e in ended.values()):
             return "done"
         if self.leaving:  # said before the change, so the others expect the next round without this node
             put(self.base, job_key(run_id, "left", self.entry.url), "1")
             self._request_change(rnd, "leave")
             return "leave"
-        if has(self.base, job_key(run_id, "stop")):
+        if stop_asked(self.base, run_id):
             self.workers.stop(rnd, "stop")
             return "stop"
-        wanted = self._wanted()
-        if wanted != self.devices:  # the other agents take it as a peer's change: the same members go on
-            self.workers.grow(wanted)  # forks for added devices warm while the round saves
-            self._request_change(rnd, f"devices {self.devices} -> {wanted}")
-            return "change"
-        if self._asked_layout() != rnd.layout:
-            self._request_change(
-                rnd, f"layout {rnd.layout or 'chosen'} -> {self._asked_layout() or 'chosen'}"
-            )
-            return "change"
         failed = {s: e["error"] for s, e in ended.items() if e["outcome"] in ("error", "dead")}
         failed.update(self.workers.broke(rnd))
         if failed:
@@ -265,6 +213,10 @@ class Agent:
             self._mark_refused(rnd)
             slot = min(failed)
             self._request_change(rnd, f"worker {slot}: {failed[slot]}")
+            return "change"
+        asked = self._asked(rnd)  # a change with the same members: the other agents take it as a peer's
+        if asked:
+            self._request_change(rnd, asked)
             return "change"
         if ended or has(self.base, job_key(run_id, "change", rnd.number)):
             self._request_change(rnd, "peer")
@@ -274,26 +226,21 @@ class Agent:
             return "change"
         return None
 
-    def _wanted(self) -> list[int]:
-        """This host's devices as `tenplex devices` last set them (its current ones when it never did, or
-        set something no agent can take)."""
+    def _asked(self, rnd: Round) -> str | None:
+        """What `tenplex devices` or `tenplex layout` asked that this round does not have, if anything;
+        forks for added devices start at once (they warm while the round saves)."""
         assert self.base is not None
-        key = job_key(self.cfg.run_id, "devices", self.entry.url)
-        if not has(self.base, key):
-            return self.devices
-        text = self.base.get(key).decode()
-        try:
-            wanted = parse_devices(text)
-        except TenplexError as e:
-            log.warning("ignoring %s: %s", key, e)
-            return self.devices
-        return wanted
+        wanted = self._wanted()
+        if wanted != self.devices:
+            self.workers.grow(wanted)
+            return f"devices {self.devices} -> {wanted}"
+        layout = asked_layout(self.base, self.cfg.run_id)
+        return f"layout {rnd.layout or 'chosen'} -> {layout or 'chosen'}" if layout != rnd.layout else None
 
-    def _asked_layout(self) -> str:
-        """The layout `tenplex layout` asked for ("": none, each world chooses its own)."""
+    def _wanted(self) -> list[int]:
+        """This host's devices as `tenplex devices` last set them (its own until then)."""
         assert self.base is not None
-        key = job_key(self.cfg.run_id, "layout")
-        return self.base.get(key).decode() if has(self.base, key) else ""
+        return asked_devices(self.base, self.cfg.run_id, self.entry.url) or self.devices
 
     def _mark_refused(self, rnd: Round) -> None:
         """A worker's collective broke: the members whose store refuses connections (no process listens
@@ -301,12 +248,12 @@ class Agent:
         without waiting for them (torch's last call, or their heartbeats to lapse). A member merely slow
         or cut off is left to the heartbeats: if it lives, it joins the round after."""
         assert self.base is not None
-        gone = {i for i, url in enumerate(rnd.stores) if url != self.entry.url and refuses(url)}
-        for i in sorted(gone):
+        gone = self.members.refused(rnd.stores)
+        for i in gone:
             put(self.base, job_key(self.cfg.run_id, "lost", rnd.number, rnd.stores[i]), "1")
             self.records.write(FoundLost(rnd.number, rnd.stores[i]))
         if gone:
-            rendezvous.drop(self.handler, gone)
+            rendezvous.drop(self.handler, set(gone))
 
     def _beat(self, rnd: Round) -> str | None:
         """Once a second: the round's loaded mark (node 0); the first member whose agent's beacon said
@@ -367,6 +314,7 @@ class Agent:
     def run(self) -> int:
         self._signals()
         self.entry = self._store()
+        self.members = Membership(self.cfg.run_id, self.entry.url)
         self.workers = Workers(self.cfg.target, self.cfg.nproc, self.cfg.run_id, self.run_dir, self.records)
         self.workers.warm()
         cfg = self.cfg

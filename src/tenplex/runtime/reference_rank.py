@@ -26,15 +26,17 @@ from .job import ElasticJob, JobError
 from .spec import SPEC, SpecError, WorkerSpec
 
 
-def asked_layout(model: str, world: int) -> Layout | None:
-    """The layout `tenplex layout` asked for ($TENPLEX_LAYOUT), if this world and the model fit it (else
-    the world's own choice, said once by rank 0)."""
+def asked_layout(model: str, world: int, global_batch: int) -> Layout | None:
+    """The layout `tenplex layout` asked for ($TENPLEX_LAYOUT), if this world, the model and the global
+    batch fit it (else the world's own choice, said once by rank 0)."""
     text = env.get(env.LAYOUT)
     if text is None:
         return None
     layout = Layout.from_dict(parse_layout(text))
     try:
         layout.check(preset(model), world)
+        if global_batch % layout.dp:
+            raise PTCError(f"dp={layout.dp} does not divide the global batch of {global_batch}")
     except PTCError as e:
         if os.environ.get("RANK") == "0":
             print(f"[tenplex] layout {text} not taken: {e}", flush=True)
@@ -46,7 +48,7 @@ def run(spec: WorkerSpec) -> int:
     if spec.train is None:
         raise SpecError("the reference workload's spec has no training config")
     cfg = TrainConfig(**spec.train)
-    layout = spec.layout or asked_layout(cfg.model, int(os.environ["WORLD_SIZE"]))
+    layout = spec.layout or asked_layout(cfg.model, int(os.environ["WORLD_SIZE"]), cfg.global_batch)
     if layout is None:
         from .chooser import choose
 

@@ -124,12 +124,14 @@ class Rendezvous:
     any of them may come and go."""
 
     def __init__(self, hosts: Hosts) -> None:
-        addr, port = hosts.add("rdzv", shaped=False), hosts.port("rdzv", RDZV_PORT)
-        self.endpoint = f"{addr}:{port}"
+        # loopback: a port the kernel picks as the store binds it (one picked free here first could be
+        # another connection's source port by the time the command binds it, seconds later)
+        addr, port = hosts.add("rdzv", shaped=False), RDZV_PORT if hosts.net is not None else 0
         cmd = [sys.executable, "-m", "tenplex.cli.main", "rendezvous", "--host", addr, "--port", str(port)]
         log = hosts.run_dir / "rendezvous.log"
         self.proc = hosts.popen("rdzv", cmd, hosts.environ(), log)
-        wait_until("the rendezvous", lambda: "listening" in log.read_text(), {"rdzv": self.proc}, 30)
+        wait_until("the rendezvous", lambda: "listening on" in log.read_text(), {"rdzv": self.proc}, 30)
+        self.endpoint = log.read_text().split("listening on ", 1)[1].split()[0]  # ADDR:PORT
 
     def close(self) -> None:
         self.proc.terminate()

@@ -9,6 +9,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from ..ptc import TenplexError
+from ..train.optim import init_state
 
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
@@ -24,16 +25,18 @@ class TrainState:
         self._created_optimizer_state = False
 
     def __call__(self) -> dict[str, Any]:
-        if not self.optimizer.state:  # DCP is about to give the optimizer its state: see start_fresh
+        if not self.optimizer.state:  # the optimizer is about to get its state: see start_fresh
             self._created_optimizer_state = True
+            init_state(self.optimizer)  # Adam's and AdamW's without DCP's step (others: DCP's)
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=OPTIONS)
         return {"model": model_sd, "optim": optim_sd, **self.extra}
 
     def start_fresh(self) -> None:
         """No snapshot to resume: the optimizer goes back to having no state, as in the script without
-        tenplex. For a fresh optimizer `get_state_dict` runs one zero-gradient step at lr 0 to create its
-        state; parameters stay, but AdamW's step count starts at 1 and its bias correction then differs
-        from the first real step on (`tests/test_user_script.py` holds the losses to the plain script's)."""
+        tenplex. A fresh optimizer's state is what one zero-gradient step at lr 0 makes (DCP's
+        `get_state_dict` runs that step, `train.optim.init_state` makes the same state for Adam and AdamW);
+        parameters stay, but AdamW's step count starts at 1 and its bias correction then differs from the
+        first real step on (`tests/test_user_script.py` holds the losses to the plain script's)."""
         if self._created_optimizer_state:
             self.optimizer.state.clear()
             self._created_optimizer_state = False

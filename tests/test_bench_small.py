@@ -3,6 +3,7 @@ and torchtitan states, tenplex and DCP on the same ranks, every load checked bit
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ from outputs import failure
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from memory_peak import descendants  # noqa: E402
 from small_worker import check  # noqa: E402
 
 PARTS = ("save", "load_same", "load_reshard")
@@ -85,13 +87,10 @@ def test_sigterm_removes_the_scratch_in_dev_shm_and_stops_the_store():
 
 
 def _children(pid: int, needle: str) -> list[int]:
-    """The processes whose parent is `pid` and whose command line holds `needle`."""
+    """The processes below `pid` whose command line holds `needle`."""
     out = []
-    for d in Path("/proc").glob("[0-9]*"):
-        try:
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            if ppid == pid and needle in (d / "cmdline").read_text():
-                out.append(int(d.name))
-        except (OSError, ValueError, IndexError):
-            continue
+    for c in descendants(pid):
+        with contextlib.suppress(OSError):
+            if needle in Path(f"/proc/{c}/cmdline").read_text():
+                out.append(c)
     return out

@@ -67,7 +67,6 @@ class Agent:
         self.beacon: Beacon | None = None
         self.silent_s = 3.0  # a member silent this long is lost (torch's heartbeat expiry, set in run)
         self.tier: EveryNth | None = None  # node 0's persists (--persist-every), once the job is known
-        self.devices = list(range(cfg.nproc))  # this host's devices: one worker each (`tenplex devices`)
 
     # -- the host's store and workers -------------------------------------------------------------
 
@@ -111,13 +110,9 @@ class Agent:
         run_id = self.cfg.run_id
         register_store(self.base, run_id, self.entry)
         self.base.delete_key(job_key(run_id, "left", self.entry.url))  # back on its port: a member again
-        self.devices = self._wanted()
-        self.workers.grow(self.devices)
-        put(
-            rs,
-            f"tenplex/node/{node}",
-            json.dumps({"store": self.entry.to_json(), "nproc": len(self.devices)}),
-        )
+        devices = self._wanted()
+        self.workers.grow(devices)
+        put(rs, f"tenplex/node/{node}", json.dumps({"store": self.entry.to_json(), "nproc": len(devices)}))
         if node == 0:  # one layout for the whole round: what was asked when it formed
             put(rs, "tenplex/layout", asked_layout(self.base, run_id))
             put(rs, "tenplex/round", str(self.base.add(job_key(run_id, "rounds"), 1)))
@@ -142,6 +137,7 @@ class Agent:
             sorted(self.members.gone),
             str(Path(self.cfg.persist_dir).resolve()) if self.cfg.persist_dir else None,
             rs.get("tenplex/layout").decode(),
+            devices,
         )
         self._ring(stores, nodes)
         hosts = [e.host for e in entries]
@@ -154,7 +150,7 @@ class Agent:
                 stores,
                 hosts,
                 sorted(self.members.gone),
-                self.devices,
+                devices,
                 time.time() - t,
             )
         )
@@ -181,7 +177,8 @@ class Agent:
         beat, self.heard = 0.0, {}
         while True:
             time.sleep(self.cfg.monitor_interval)
-            if time.monotonic() - beat > 1.0:
+            second = time.monotonic() - beat > 1.0
+            if second:
                 beat = time.monotonic()
                 silent = self._beat(rnd)
                 if silent:
@@ -190,14 +187,17 @@ class Agent:
                     put(self.base, job_key(self.cfg.run_id, "lost", rnd.number, silent), "1")
                     self._request_change(rnd, f"lost: the agent of {silent} fell silent")
                     return "change"
-            why = self._why_end(rnd)
+            why = self._why_end(rnd, asks=second)
             if why:
                 return why
 
-    def _why_end(self, rnd: Round) -> str | None:
+    def _why_end(self, rnd: Round, asks: bool) -> str | None:
+        """Why the round ends, if it does; `asks`: also what `tenplex devices` and `tenplex layout` asked
+        (once a second: an ask waits for a step boundary anyway, and each look costs round trips to the
+        rendezvous store)."""
         assert self.base is not None
         ended, run_id = self.workers.ended(rnd), self.cfg.run_id
-        if len(ended) == len(self.workers.active) and all(e["outcome"] == "done" for e in ended.values()):
+        if len(ended) == len(rnd.devices) and all(e["outcome"] == "done" for e in ended.values()):
             return "done"
         if self.leaving:  # said before the change, so the others expect the next round without this node
             put(self.base, job_key(run_id, "left", self.entry.url), "1")
@@ -214,7 +214,7 @@ class Agent:
             slot = min(failed)
             self._request_change(rnd, f"worker {slot}: {failed[slot]}")
             return "change"
-        asked = self._asked(rnd)  # a change with the same members: the other agents take it as a peer's
+        asked = self._asked(rnd) if asks else None  # the same members go on: the others see a peer's change
         if asked:
             self._request_change(rnd, asked)
             return "change"
@@ -231,16 +231,16 @@ class Agent:
         forks for added devices start at once (they warm while the round saves)."""
         assert self.base is not None
         wanted = self._wanted()
-        if wanted != self.devices:
+        if wanted != rnd.devices:
             self.workers.grow(wanted)
-            return f"devices {self.devices} -> {wanted}"
+            return f"devices {rnd.devices} -> {wanted}"
         layout = asked_layout(self.base, self.cfg.run_id)
         return f"layout {rnd.layout or 'chosen'} -> {layout or 'chosen'}" if layout != rnd.layout else None
 
     def _wanted(self) -> list[int]:
-        """This host's devices as `tenplex devices` last set them (its own until then)."""
+        """This host's devices as `tenplex devices` last set them (`--nproc-per-node`'s until then)."""
         assert self.base is not None
-        return asked_devices(self.base, self.cfg.run_id, self.entry.url) or self.devices
+        return asked_devices(self.base, self.cfg.run_id, self.entry.url) or list(range(self.cfg.nproc))
 
     def _mark_refused(self, rnd: Round) -> None:
         """A worker's collective broke: the members whose store refuses connections (no process listens
@@ -301,8 +301,8 @@ class Agent:
             "node": rnd.node_rank,
             "nodes": rnd.nodes,
             "world": rnd.world,
-            "workers": [p.pid for p in self.workers.procs],
-            "devices": self.devices,
+            "workers": self.workers.pids(rnd),
+            "devices": rnd.devices,
         }
         if self.beacon is None:
             assert self.base is not None
@@ -332,7 +332,7 @@ class Agent:
     def _rounds(self) -> int:
         rnd, members = self._rendezvous()
         while True:
-            self.workers.hand(rnd, self.devices)
+            self.workers.hand(rnd)
             self._status(rnd)
             why = self._supervise(rnd)
             if why == "leave":  # out of the rendezvous at once: the others' next round need not wait for us

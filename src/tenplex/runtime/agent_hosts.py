@@ -21,6 +21,7 @@ from typing import Any
 
 from ..util import free_port
 from . import netns
+from .downtime import built_parts, saved_parts
 from .records import Kind, read_records
 from .rounds import AgentError
 
@@ -209,9 +210,10 @@ class AgentJob:
 
     def devices(self, name: str, count: int) -> None:
         """Host `name`'s devices become 0..count-1 (`tenplex devices`), taken at the next step boundary."""
-        rdzv = ["--rdzv-endpoint", self.endpoint, "--rdzv-id", self.job]
-        argv = [sys.executable, "-m", "tenplex.cli.main", "devices", self.store_url(name), *rdzv]
-        done = self.hosts.run("rdzv", [*argv[:5], ",".join(map(str, range(count))), *argv[5:]])
+        devices = ",".join(map(str, range(count)))
+        argv = [sys.executable, "-m", "tenplex.cli.main", "devices", self.store_url(name), devices,
+                "--rdzv-endpoint", self.endpoint, "--rdzv-id", self.job]  # fmt: skip
+        done = self.hosts.run("rdzv", argv)
         if done.returncode:
             raise AgentError(f"tenplex devices: {done.stderr.strip()}")
 
@@ -344,21 +346,16 @@ def round_parts(
     (the agent parking and handing the round, the script's start-up), then process_group, build, load and
     first_step (its time beyond a step's, `step`) as `tenplex run`'s `runtime/downtime.py` has them."""
     since = a["steps"][-1]["time"]
-    saved = a["saved"]
-    save = saved["seconds"] if saved else 0.0
-    saved_at = saved["time"] if saved else since
+    stop, save, saved_at = saved_parts(a["saved"], since)
     ready = b["ready"]
     init_at = ready.get("init_at", ready["time"])
-    group, load = ready.get("process_group_seconds", 0.0), ready.get("load_seconds", 0.0)
     formed_at = formed if formed is not None else saved_at
     parts = {
-        "stop": max(0.0, saved_at - save - since) if saved else 0.0,
+        "stop": stop,
         "save": save,
         "rendezvous": max(0.0, formed_at - saved_at),
         "start": init_at - max(formed_at, saved_at),
-        "process_group": group,
-        "build": ready["time"] - init_at - group - load,
-        "load": load,
+        **built_parts(ready, ready.get("load_seconds", 0.0)),
         "first_step": b["steps"][0]["time"] - ready["time"] - step,
     }
     parts["other"] = gap - sum(parts.values())

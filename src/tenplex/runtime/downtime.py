@@ -37,6 +37,21 @@ def shown_parts(reconfigs: list[dict[str, Any]]) -> list[str]:
     return [p for p in (*PARTS, "other") if p in big]
 
 
+def saved_parts(saved: dict | None, since: float) -> tuple[float, float, float]:
+    """`stop` and `save` of the old layout's final save record (none after a failure: 0 and 0), and when
+    that save ended (`since`, the last step or the failure, without one)."""
+    if saved is None:
+        return 0.0, 0.0, since
+    return max(0.0, saved["time"] - saved["seconds"] - since), saved["seconds"], saved["time"]
+
+
+def built_parts(ready: dict, load: float) -> dict[str, float]:
+    """`process_group`, `build` and `load` of the new layout's ranks, from their `ready` record: from the
+    job object's start (`init_at`) to ready, less the group and the load."""
+    init_at, group = ready.get("init_at", ready["time"]), ready.get("process_group_seconds", 0.0)
+    return {"process_group": group, "build": ready["time"] - init_at - group - load, "load": load}
+
+
 def _first(phase: Phase, kind: Kind) -> dict | None:
     return next((r for r in phase.records if r["kind"] == kind), None)
 
@@ -50,22 +65,18 @@ def breakdown(prev: Phase, phase: Phase) -> dict[str, float] | None:
         return None
     steps = [r for r in prev.records if r["kind"] == Kind.STEP]
     since = prev.failed_at if prev.failed_at is not None else (steps[-1]["time"] if steps else prev.launched)
-    saved = _first(prev, Kind.SAVED) if prev.failed_at is None else None
-    saved_at = saved["time"] if saved else since
+    stop, save, saved_at = saved_parts(_first(prev, Kind.SAVED) if prev.failed_at is None else None, since)
     ended = max(prev.ended or saved_at, saved_at)
     init_at = ready.get("init_at", ready["time"])
     load = loaded["seconds"] if loaded else 0.0
-    group = ready.get("process_group_seconds", 0.0)
     parts = {
-        "stop": max(0.0, saved_at - saved["seconds"] - since) if saved else 0.0,
-        "save": saved["seconds"] if saved else 0.0,
+        "stop": stop,
+        "save": save,
         "go": 0.0,
         "exit": ended - saved_at,
         "persist": prev.persist_seconds,
         "start": init_at - ended - prev.persist_seconds,
-        "process_group": group,
-        "build": ready["time"] - init_at - group - load,
-        "load": load,
+        **built_parts(ready, load),
         "first_step": end["time"] - ready["time"] if end["kind"] == Kind.STEP else 0.0,
     }
     if ready.get("ahead"):  # built while the old layout trained: the restart began at the go

@@ -70,6 +70,7 @@ class Round:
     gone: list[str] = field(default_factory=list)  # stores of hosts lost (not left): counted lost unasked
     durable: str | None = None  # the agents' --persist-dir: checkpoints to fall back to
     layout: str = ""  # the layout the job asks for (`tenplex layout`), taken where the world fits it
+    devices: list[int] = field(default_factory=list)  # this agent's devices, one worker each, in rank order
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

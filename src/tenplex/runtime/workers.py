@@ -60,11 +60,9 @@ class Workers:
         )
         self.spawned = 0
         self.slots: dict[int, Process] = {d: self._spawn() for d in range(nproc)}
-        self.active = list(range(nproc))  # the devices of the round handed last
 
-    @property
-    def procs(self) -> list[Role]:
-        return [self.slots[d].proc for d in self.active]
+    def pids(self, rnd: Round) -> list[int]:
+        return [self.slots[d].proc.pid for d in rnd.devices]
 
     def grow(self, devices: list[int]) -> None:
         """A worker for each device that has none, forked now: it warms while the old round saves."""
@@ -104,14 +102,14 @@ class Workers:
         put(self.store, f"cmd/{w.inbox}/{w.sent}", json.dumps(cmd))
         w.sent += 1
 
-    def hand(self, rnd: Round, devices: list[int]) -> None:
-        """Round `rnd` to the workers of `devices`, in that order; the workers of devices no longer there
+    def hand(self, rnd: Round) -> None:
+        """Round `rnd` to the workers of its devices, in that order; the workers of devices no longer there
         end (a removed device may be a broken one: nothing of it is kept)."""
+        devices = rnd.devices
         self._end(*[self.slots.pop(d) for d in list(self.slots) if d not in devices])
         self.grow(devices)
         if not all(self._warm(self.slots[d]) for d in devices):
             self.warm()
-        self.active = list(devices)
         for i, d in enumerate(devices):
             cmd = {
                 "kind": "round",
@@ -140,7 +138,7 @@ class Workers:
     def ended(self, rnd: Round) -> dict[int, dict[str, Any]]:
         """Workers whose round ended: parked with their outcome, or dead (their process exited)."""
         out: dict[int, dict[str, Any]] = {}
-        for slot in self.active:
+        for slot in rnd.devices:
             w, key = self.slots[slot], f"parked/{rnd.number}/{slot}"
             if has(self.store, key):
                 out[slot] = json.loads(self.store.get(key))
@@ -150,17 +148,17 @@ class Workers:
 
     def broke(self, rnd: Round) -> dict[int, str]:
         """Workers whose round failed and that are still tearing it down (`worker.py` says so first)."""
-        keys = {slot: f"broke/{rnd.number}/{slot}" for slot in self.active}
+        keys = {slot: f"broke/{rnd.number}/{slot}" for slot in rnd.devices}
         return {slot: self.store.get(k).decode() for slot, k in keys.items() if has(self.store, k)}
 
     def park(self, rnd: Round, timeout: float) -> list[int]:
         """Wait until every worker ended the round; replace those that died or still hang after `timeout`.
         The slots whose round failed (error, dead, hung)."""
         deadline = time.monotonic() + timeout
-        while len(ended := self.ended(rnd)) < len(self.active) and time.monotonic() < deadline:
+        while len(ended := self.ended(rnd)) < len(rnd.devices) and time.monotonic() < deadline:
             time.sleep(0.01)
         failed = []
-        for slot in self.active:
+        for slot in rnd.devices:
             w, e = self.slots[slot], ended.get(slot, {"outcome": "hung"})
             if e["outcome"] in ("dead", "hung"):
                 self._replace(slot)

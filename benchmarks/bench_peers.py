@@ -47,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from itertools import product
 from pathlib import Path
 
 from bench_reconfig import SIZES, each_rep
@@ -66,7 +67,7 @@ def recovery_row(reps: list[list[dict]], chunks: list[int], floor_s: float, torc
                  hosts: int = 2) -> dict:  # fmt: skip
     """The recovery case's row from every rank's repetitions."""
     torchft = [] if torchft_why else ["pg", *(f"http_{c}" for c in chunks)]
-    row = systems(reps, ["tenplex", "dcp_shm", "dcp_disk", "dcp_s3", *torchft])
+    row = systems(reps, ["tenplex", "tenplex_direct", "dcp_shm", "dcp_disk", "dcp_s3", *torchft])
     row.update(case="recovery", hosts=hosts, floor_s=floor_s)
     peers = {k: f"{k}_load_s" for k in ("dcp_shm", "dcp_disk", "dcp_s3") if f"{k}_load_s" in row}
     if torchft_why:
@@ -74,15 +75,18 @@ def recovery_row(reps: list[list[dict]], chunks: list[int], floor_s: float, torc
     else:
         row["http_best_chunks"] = best = min(chunks, key=lambda c: row[f"http_{c}_s"])
         peers.update(torchft_http="http_0_s", torchft_http_best=f"http_{best}_s", pg="pg_s")
-    for when in ("", "_first"):
-        load = row[f"tenplex_load_s{when}"]
-        with_save = load + row[f"tenplex_save_s{when}"]
+    for when, (mine, tag) in product(("", "_first"), (("tenplex", ""), ("tenplex_direct", "_direct"))):
+        if f"{mine}_load_s{when}" not in row:  # a run from before tenplex_direct was measured
+            continue
+        load = row[f"{mine}_load_s{when}"]
+        with_save = load + row[f"{mine}_save_s{when}"]
         for name, key in peers.items():
             s = row[key + when]
-            row[f"x_{name}{when}"] = s / load
+            row[f"x_{name}{tag}{when}"] = s / load
             saved = row.get(f"{name}_save_s{when}", 0.0)  # DCP's own save before its load
-            row[f"x_{name}_with_save{when}"] = (s + saved) / with_save
+            row[f"x_{name}_with_save{tag}{when}"] = (s + saved) / with_save
     row["x_floor"] = row["tenplex_load_s"] / floor_s
+    row["x_floor_direct"] = row["tenplex_direct_load_s"] / floor_s
     return row
 
 
@@ -267,7 +271,7 @@ def report(rows: list[dict], chunks: list[int]) -> None:
     rec = [r for r in rows if r["case"] == "recovery"]
     if rec:
         print_rows("replica recovery (s, slowest rank, best repetition)", rec,
-                   ["case", "hosts", "state_GB", "tenplex_save_s", "tenplex_load_s",
+                   ["case", "hosts", "state_GB", "tenplex_save_s", "tenplex_load_s", "tenplex_direct_load_s",
                     *(f"http_{c}_s" for c in chunks), "pg_s", "dcp_shm_save_s", "dcp_shm_load_s",
                     "dcp_disk_save_s", "dcp_disk_load_s", "dcp_s3_save_s", "dcp_s3_load_s",
                     "floor_s"])  # fmt: skip
@@ -275,6 +279,10 @@ def report(rows: list[dict], chunks: list[int]) -> None:
                    ["case", "hosts", "x_torchft_http", "x_torchft_http_best", "http_best_chunks", "x_pg",
                     "x_dcp_shm", "x_dcp_disk", "x_dcp_s3", "x_floor", "x_torchft_http_first", "x_pg_first",
                     "x_dcp_shm_first", "torchft_why"])  # fmt: skip
+        print_rows("replica recovery: peer / tenplex load(atomic=False)", rec,
+                   ["case", "hosts", "x_torchft_http_direct", "x_torchft_http_best_direct", "x_pg_direct",
+                    "x_dcp_shm_direct", "x_dcp_disk_direct", "x_dcp_s3_direct", "x_floor_direct",
+                    "x_torchft_http_direct_first", "x_pg_direct_first"])  # fmt: skip
     phases = sorted({k for r in rows for k in r["tenplex_load_phases"]})
     flat = [{"case": r["case"], "hosts": r["hosts"], **r["tenplex_load_phases"]} for r in rows]
     print_rows("tenplex load by phase (s, slowest rank per phase)", flat, ["case", "hosts", *phases])

@@ -60,11 +60,17 @@ class World:
         return self.groups[tuple(members(mesh))]
 
 
-def run_tenplex(w: World, job: str, src, dst, a, b) -> dict:
+def run_tenplex(w: World, job: str, src, dst, a, b, atomic: bool = True) -> dict:
+    """`atomic=False`: the load lands its boxes straight in `dst` (zeroed first, so that its check proves
+    the bytes came), as a rejoining replica may."""
     in_a, in_b = src is not None, dst is not None
     out: dict = {}
     out["save"], handle = timed(lambda: tenplex.save(src, job=job, step=1, process_group=w.group(a)), in_a)
-    out["load"], info = timed(lambda: tenplex.load(dst, job=job, process_group=w.group(b)), in_b)
+    if in_b and not atomic:
+        zero(dst)
+    out["load"], info = timed(
+        lambda: tenplex.load(dst, job=job, process_group=w.group(b), atomic=atomic), in_b
+    )
     out["saved_bytes"] = handle.bytes_written if handle else 0
     if info is not None:
         out["bytes"], out["bad"], out["load_phases"] = info.bytes, check(dst), info.phases
@@ -226,6 +232,8 @@ def run_case(w: World, name: str, cfg: GPTConfig, rep: int) -> dict:
     res: dict = {"rank": w.rank, "src_bytes": local_bytes(src) if src else 0,
                  "dst_bytes": local_bytes(dst) if dst else 0}  # fmt: skip
     res["tenplex"] = run_tenplex(w, f"peers-{tag}", src, dst, a, b)
+    if name == "recovery":
+        res["tenplex_direct"] = run_tenplex(w, f"peers-{tag}-direct", src, dst, a, b, atomic=False)
     res["dcp_shm"] = run_dcp(w, Target(f"{w.spec['shm_dir']}/ckpt"), src, dst, a, b)
     if name == "recovery":
         res["dcp_disk"] = run_dcp(w, Target(f"{w.spec['disk_dir']}/ckpt", disk=True), src, dst, a, b)

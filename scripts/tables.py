@@ -287,6 +287,13 @@ TORCHFT = (
 )
 
 
+DIRECT = (  # the ratios to tenplex's load(atomic=False)
+    ("x_torchft_http_best (atomic=False)", peer("x_torchft_http_best_direct", "torchft_why")),
+    ("x_pg (atomic=False)", peer("x_pg_direct", "torchft_why")),
+    ("x_floor (atomic=False)", key("x_floor_direct")),
+)
+
+
 def peers_after(doc: dict, recovery: bool) -> str:
     """Under a peer table: why a peer did not run, and which torch ByteCheckpoint ran under."""
     out = []
@@ -439,6 +446,7 @@ TABLES: dict[str, Table] = {
             ("state", size("state_GB")),
             ("tenplex save", key("tenplex_save_s")),
             ("tenplex load", key("tenplex_load_s")),
+            ("tenplex load, atomic=False", key("tenplex_direct_load_s")),
             *TORCHFT,
             ("DCP shm save + load", save_load("dcp_shm")),
             ("DCP disk save + load", save_load("dcp_disk")),
@@ -449,8 +457,10 @@ TABLES: dict[str, Table] = {
             ("x_dcp_shm", key("x_dcp_shm")),
             ("x_dcp_disk", key("x_dcp_disk")),
             ("x_floor", key("x_floor")),
+            *DIRECT,
             ("first: x_torchft_http_best", peer("x_torchft_http_best_first", "torchft_why")),
             ("first: x_pg", peer("x_pg_first", "torchft_why")),
+            ("first: x_pg (atomic=False)", peer("x_pg_direct_first", "torchft_why")),
         ),
         rows=lambda r: r["case"] == "recovery",
         after=lambda doc: peers_after(doc, recovery=True),
@@ -462,6 +472,7 @@ TABLES: dict[str, Table] = {
             ("hosts", key("hosts")),
             ("NIC Gbit/s", key("nic_gbps_measured")),
             ("tenplex load", key("tenplex_load_s")),
+            ("tenplex load, atomic=False", key("tenplex_direct_load_s")),
             *TORCHFT,
             (
                 "DCP → S3 save + load",
@@ -474,6 +485,7 @@ TABLES: dict[str, Table] = {
             ("x_dcp_s3", key("x_dcp_s3")),
             ("x_dcp_shm (shared)", key("x_dcp_shm")),
             ("x_floor", key("x_floor")),
+            *DIRECT,
         ),
         after=lambda doc: peers_after(doc, recovery=True),
     ),

@@ -292,3 +292,44 @@ def test_a_failed_persist_leaves_the_checkpoint_before_it(tmp_path, monkeypatch)
     with start_store() as empty:
         info = tenplex.load(target, job="swap", store=empty.url, path=str(path))
     assert info.step == 1 and torch.equal(target["w"], torch.arange(6.0))
+
+
+def test_a_load_not_atomic_lands_boxes_in_their_targets_and_falls_back_whole(monkeypatch):
+    """`atomic=False`: the boxes of another host's store land in the targets themselves (no scratch the size
+    of the state); a corrupted newest snapshot then gives way to the one before, every byte of which ends in
+    the targets, whatever the corrupted one wrote first; asked for the corrupted step, the load raises."""
+    import tenplex.transformer.fetch as fetch
+
+    sizes = []
+
+    class ArenaSpy(fetch.Arena):
+        def __init__(self, capacity: int) -> None:
+            sizes.append(capacity)
+            super().__init__(capacity)
+
+    monkeypatch.setattr(fetch, "Arena", ArenaSpy)
+    monkeypatch.setenv("TENPLEX_EMULATED_HOSTS", "1")
+    older = _state()
+    newer = {"a": older["a"] + 1, "b": older["b"] + 1, "step": 8}
+    state_bytes = 5 * 300_000 * 4
+    with start_store() as old, start_store() as own:
+        tenplex.save(older, job="direct", step=1, store=old.url)
+        tenplex.save(newer, job="direct", step=2, store=old.url)
+        for atomic in (True, False):
+            sizes.clear()
+            target = _state(fill=-5.0)
+            info = tenplex.load(target, job="direct", store=own.url, sources=[old.url], atomic=atomic)
+            assert info.step == 2 and info.bytes["cross_host"] == state_bytes, info.bytes
+            assert torch.equal(target["a"], newer["a"]) and torch.equal(target["b"], newer["b"])
+            assert target["step"] == 8
+            assert (sum(sizes) >= state_bytes) == atomic, (atomic, sizes)
+        _flip(_blob_file(old.client(), "direct", 2, "r0/b"), 4 * 300_000 * 4 - 100)
+        target = _state(fill=-5.0)
+        info = tenplex.load(target, job="direct", store=own.url, sources=[old.url], atomic=False)
+        assert info.step == 1 and [x["step"] for x in info.skipped] == [2], info.skipped
+        assert torch.equal(target["a"], older["a"]) and torch.equal(target["b"], older["b"])
+        assert target["step"] == 7
+        with pytest.raises(StateError, match=r"corrupted"):
+            tenplex.load(
+                _state(fill=-5.0), job="direct", step=2, store=own.url, sources=[old.url], atomic=False
+            )

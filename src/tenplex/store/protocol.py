@@ -135,12 +135,14 @@ class Conn:
         read): a read of many small boxes costs a few calls, not one per box. BadRequestError (truncated)
         on EOF; the caller's list is left as it was."""
         views = [v for v in views if len(v)]
-        i = 0
-        while i < len(views) and self._buf:  # what the head's read took of the body comes first
-            have = min(len(views[i]), len(self._buf))
-            views[i][:have] = self._buf[:have]
-            del self._buf[:have]
-            i = _advance(views, i, have)
+        i = taken = 0
+        with memoryview(self._buf) as buf:  # what the head's read took of the body comes first
+            while i < len(views) and taken < len(buf):
+                have = min(len(views[i]), len(buf) - taken)
+                views[i][:have] = buf[taken : taken + have]
+                taken += have
+                i = _advance(views, i, have)
+        del self._buf[:taken]  # once: a cut per view moved the rest of the buffer each time
         while i < len(views):
             got = self.sock.recvmsg_into(views[i : i + IOV])[0]
             if got == 0:

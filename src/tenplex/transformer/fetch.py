@@ -70,6 +70,11 @@ class Read:
         return blob_name(self.fetch.src, self.fetch.tensor)
 
 
+def _writable_here(t: torch.Tensor) -> bool:
+    """Whether a box can land in `t` itself: a contiguous CPU tensor (others are staged on the host)."""
+    return t.device.type == "cpu" and t.is_contiguous()
+
+
 def shared_remote_boxes(p: Plan, host: str) -> set[tuple[str, Any, int]]:
     """(tensor, box, source rank) that more than one rank of `host` pulls from another host: those of at
     least `RELAY_MIN_BYTES` go through the host's store (fetched once, served to each); any other remote
@@ -156,10 +161,14 @@ class HeldBoxes:
     an accelerator target land in scratch (one huge-page arena):
     contiguous in its tensor, in a scratch copy of the tensor, written in one copy; otherwise in a buffer
     of its own, copied into the target's view. Boxes read from one store are batched (one lookup on this
-    host, one request over the network per batch) and the stores are read in parallel."""
+    host, one request over the network per batch) and the stores are read in parallel. Not `atomic`: a
+    box from another host lands straight in its CPU target (a failed load leaves the target part written)."""
 
-    def __init__(self, shards: dict[str, LocalShard], at: Version, concurrency: int, bd: Breakdown) -> None:
+    def __init__(
+        self, shards: dict[str, LocalShard], at: Version, concurrency: int, bd: Breakdown, atomic: bool = True
+    ) -> None:
         self.shards, self.at, self.concurrency, self.bd = shards, at, concurrency, bd
+        self.atomic = atomic  # False: a box in one run of a CPU target lands in it, not in scratch
         self._holds: list[tuple[Held, list[Read]]] = []  # each hold with the reads it serves
         self._staged: dict[str, Staged] = {}  # scratch copies of whole tensors
         self._apart: list[tuple[torch.Tensor, np.ndarray]] = []  # (the target's view, the box's own buffer)
@@ -175,7 +184,8 @@ class HeldBoxes:
         read lets go of what it held at once."""
         held = [r for r in reads if self._in_place(r)]
         here, far = [r for r in held if r.peer is None], [r for r in held if r.peer is not None]
-        into = self._scratch([r for r in reads if not self._in_place(r)])
+        with self.bd.phase("scratch"):  # its pages populated here, not faulted in under the reads
+            into = self._scratch([r for r in reads if not self._in_place(r)])
         kinds = [("shm_reads", here or into.copies, partial(self._hold_here, here, into.copies)),
                  ("relayed_reads", into.relayed or far, partial(self._hold_relayed, far, into.relayed)),
                  ("network_reads", into.network, partial(self._read, into.network))]  # fmt: skip
@@ -220,10 +230,13 @@ class HeldBoxes:
         rels = [r.fetch.box.relative_to(shards[r.target].box) for r in pulled]
         runs = [_contiguous(rel, shards[r.target].box.shape) for r, rel in zip(pulled, rels)]
         whole = sorted({r.target for r, run in zip(pulled, runs) if run})
+        direct = set() if self.atomic else {n for n in whole if _writable_here(shards[n].local)}
         dtypes = {n: np.dtype(NUMPY_DTYPE[shards[n].dtype]) for n in {r.target for r in pulled}}
         apart = [rel.volume * dtypes[r.target].itemsize for r, rel, run in zip(pulled, rels, runs) if not run]
-        arena = Arena(Arena.size_of([shards[n].local.nbytes for n in whole] + apart))
-        self._staged = {n: Staged(shards[n].local, fill=False, scratch=arena) for n in whole}
+        arena = Arena(Arena.size_of([shards[n].local.nbytes for n in whole if n not in direct] + apart))
+        self._staged = {
+            n: Staged(shards[n].local, fill=False, scratch=None if n in direct else arena) for n in whole
+        }
         into = _Requests()
         for r, rel, run in zip(pulled, rels, runs):
             if run:

@@ -42,6 +42,7 @@ def load(  # noqa: PLR0913 (the public signature, DCP-shaped: every option by ke
     concurrency: int = 8,
     process_group: world.Group = None,
     sources: list[str] | None = None,
+    atomic: bool = True,
 ) -> LoadInfo:
     """Fill `state_dict` in place from version `step` (default: the newest committed) of `job`.
 
@@ -52,8 +53,15 @@ def load(  # noqa: PLR0913 (the public signature, DCP-shaped: every option by ke
     old hosts' stores when the job moved to new hosts; the ranks' own stores are always searched.
     Without `step`, a snapshot that cannot be read (bytes that fail their checksums, a blob gone) gives way
     to the newest one before it, then to `path`; `LoadInfo.skipped` lists those passed over, and why.
+    `atomic=False`: boxes from other hosts land straight in their CPU targets, not in scratch memory first
+    (no scratch to fault in, no second copy); a load that raises then leaves those targets part written
+    (one that falls back to an older snapshot or `path` still writes every box of the one it returns). For
+    a state that is replaced whole anyway: a replica rejoining, a job starting. Default: a load that raises
+    leaves every target as it was.
     """
-    run = _Load(state_dict, job, step, resolve(store), strict, central, path, concurrency, process_group)
+    run = _Load(
+        state_dict, job, step, resolve(store), strict, central, path, concurrency, process_group, atomic
+    )
     target, urls, first = _describe(run, env.url_list(env.SOURCES) if sources is None else sources)
     # newest first: one that cannot be read gives way to the one before
     for snap in run.snapshots(urls, first):
@@ -90,6 +98,7 @@ class _Load:
     path: str | None
     concurrency: int
     group: world.Group
+    atomic: bool
     bd: Breakdown = field(default_factory=Breakdown)
     started: float = field(default_factory=time.perf_counter)
     skipped: list[dict[str, Any]] = field(
@@ -204,7 +213,9 @@ def _read(snap: Snapshot, p: Plan, fetches: list[Fetch], target: _Target, run: _
     with run.bd.phase("plan"):
         shared = shared_remote_boxes(p, target.new.mesh.hosts[me])
     at = Version(run.job, snap.step, snap.manifest.get("save_id"))
-    with HeldBoxes(target.shards, at, run.concurrency, run.bd) as held:  # let go of on every way out
+    with HeldBoxes(
+        target.shards, at, run.concurrency, run.bd, run.atomic
+    ) as held:  # let go of on any way out
         reads = partial(routes, fetches, snap.view, run.url, central=run.central, shared=shared)
         error = attempt(lambda: held.read(reads()))
         with run.bd.phase("barrier"):  # every rank's status: the wait for the slowest rank

@@ -42,21 +42,6 @@ def test_a_view_outlives_the_arena():
     assert float(view.sum()) == 1.5 * view.size
 
 
-def test_an_arena_populated_while_it_is_written_keeps_every_written_byte():
-    """The populating thread and the writers race from the start of the mapping: whatever order they meet
-    in, every byte written stays as written (populating faults pages in, it never clears them)."""
-    arena = Arena(64 << 20)
-    assert arena.populating is not None
-    bufs = [arena.take(4 << 20) for _ in range(16)]
-    for i, b in enumerate(bufs):
-        b[:] = np.arange(b.size, dtype=np.uint64).view(np.uint8)[: b.size] ^ i
-    arena.populating.join(timeout=30)
-    assert not arena.populating.is_alive()
-    for i, b in enumerate(bufs):
-        assert np.array_equal(b, np.arange(b.size, dtype=np.uint64).view(np.uint8)[: b.size] ^ i), i
-    assert Arena(1 << 20).populating is None  # small arenas fault in as they are written
-
-
 def test_wait_listening_returns_once_a_late_listener_accepts():
     port = free_port()
     srv = socket.socket()

@@ -184,7 +184,7 @@ class HeldBoxes:
         read lets go of what it held at once."""
         held = [r for r in reads if self._in_place(r)]
         here, far = [r for r in held if r.peer is None], [r for r in held if r.peer is not None]
-        with self.bd.phase("scratch"):  # its pages populated here, not faulted in under the reads
+        with self.bd.phase("scratch"):
             into = self._scratch([r for r in reads if not self._in_place(r)])
         kinds = [("shm_reads", here or into.copies, partial(self._hold_here, here, into.copies)),
                  ("relayed_reads", into.relayed or far, partial(self._hold_relayed, far, into.relayed)),

@@ -7,31 +7,17 @@ for buffers of 4 MiB and more, `torch.empty` never does, and a model's state is 
 4 MiB, so a copy into fresh `torch.empty` memory pays a fault per 4 KiB page that a copy into an advised
 buffer pays per 2 MiB. One advised mapping for all of a load's buffers gives every
 tensor huge pages, small ones included, and is unmapped when its last view goes.
-
-Its pages are populated by a thread of its own from the moment it is made (MADV_POPULATE_WRITE, on
-kernels that have it, in steps from the start, where the first buffers are taken): every byte of an arena
-is written next, and a socket's receive that faulted its pages in one at a time ran at half the rate it
-reaches into populated memory (`python benchmarks/bench_peers.py --cases recovery`). In a thread, not
-before the arena is handed out: over a slow link (namespace hosts at 2 Gbit/s) the pages of a fresh
-mapping on this virtual machine took as long to populate as a third of the transfer, which they now
-overlap. Populating never changes a byte that was written, so the thread and the writers may meet in any
-order.
 """
 
 from __future__ import annotations
 
-import ctypes
 import mmap
-import threading
 
 import numpy as np
 
 HUGE_PAGE = 2 << 20
 ALIGN = 64  # every buffer starts on a cache line
 _ADVICE = getattr(mmap, "MADV_HUGEPAGE", None)
-MADV_POPULATE_WRITE = 23  # Linux 5.14 and later; Python's mmap module does not name it
-POPULATE_STEP = 16 << 20  # bytes populated per call: the thread stays ahead of writers that start at 0
-_LIBC = ctypes.CDLL(None, use_errno=True)  # its calls release the GIL; mmap.madvise's do not
 
 
 def _round(n: int, to: int) -> int:
@@ -54,12 +40,6 @@ class Arena:
         raw = np.frombuffer(region, np.uint8)  # every view keeps `region` mapped
         skip = -raw.ctypes.data % HUGE_PAGE
         self._raw = raw[skip : skip + _round(max(capacity, 1), ALIGN)]
-        self.populating: threading.Thread | None = None
-        if capacity >= POPULATE_STEP:
-            start = raw.ctypes.data + skip
-            self.populating = threading.Thread(target=_populate, args=(region, start, len(self._raw)))
-            self.populating.daemon = True
-            self.populating.start()
 
     @staticmethod
     def size_of(nbytes: list[int]) -> int:
@@ -76,13 +56,3 @@ class Arena:
         out = self._raw[self.used : end]
         self.used = _round(end, ALIGN)
         return out
-
-
-def _populate(region: mmap.mmap, start: int, length: int) -> None:
-    """Fault in [start, start + length) writable, step by step (`region`: held mapped meanwhile); stops at
-    the first refusal (an older kernel: the pages fault in as they are written)."""
-    for at in range(0, length, POPULATE_STEP):
-        n = min(POPULATE_STEP, length - at)
-        if _LIBC.madvise(ctypes.c_void_p(start + at), ctypes.c_size_t(n), MADV_POPULATE_WRITE) != 0:
-            return
-    del region

@@ -55,7 +55,8 @@ def load(  # noqa: PLR0913 (the public signature, DCP-shaped: every option by ke
     to the newest one before it, then to `path`; `LoadInfo.skipped` lists those passed over, and why.
     `atomic=False`: boxes from other hosts land straight in their CPU targets, not in scratch memory first
     (no scratch to fault in, no second copy); a load that raises then leaves those targets part written
-    (one that falls back to an older snapshot or `path` still writes every box of the one it returns). For
+    (one that falls back to an older snapshot or `path` still writes every box of the one it returns; with
+    `strict=False` it raises instead of falling back, as the older one may lack a tensor it wrote). For
     a state that is replaced whole anyway: a replica rejoining, a job starting. Default: a load that raises
     leaves every target as it was.
     """
@@ -230,10 +231,12 @@ def _read(snap: Snapshot, p: Plan, fetches: list[Fetch], target: _Target, run: _
 
 
 def _after_failure(failed: Failed, snap: Snapshot, run: _Load) -> LoadInfo | None:
-    """Nothing was written; every rank takes the same way out: raise (a bug, not the stores' fault), the
-    durable tier (this step was asked for), or the snapshot before this one (None)."""
+    """Nothing was written (an atomic load); every rank takes the same way out: raise (a bug, not the
+    stores' fault), the durable tier (this step was asked for), or the snapshot before this one (None)."""
     error = failed.raised("load the snapshot")
     if not failed.stores_only:  # no fallback hides a bug
+        raise error
+    if not run.atomic and not run.strict:  # what would take over may lack a tensor this attempt part wrote
         raise error
     reason = f"reading the snapshot failed on rank {failed.first.rank}: {failed.first.why}"
     if run.step is not None:  # the caller asked for this step: no other one is the answer

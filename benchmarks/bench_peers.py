@@ -133,10 +133,11 @@ def systems(reps: list[list[dict]], names: list[str]) -> dict:
         )
     t = [r["tenplex"] for r in per_rank]
     row["saved_GB"] = sum(x.get("saved_bytes", 0) for x in t) / GB
-    # where tenplex's load spent its time (LoadInfo.phases), the slowest rank per phase, best repetition
-    loads = each_rep(reps, "tenplex", "load")
-    best = [r["tenplex"].get("load_phases", {}) for r in reps[loads.index(min(loads))]]
-    row["tenplex_load_phases"] = {k: max(p.get(k, 0.0) for p in best) for k in sorted(set().union(*best))}
+    # where tenplex's loads spent their time (LoadInfo.phases), the slowest rank per phase, best repetition
+    for mine in (n for n in names if n.startswith("tenplex")):
+        loads = each_rep(reps, mine, "load")
+        best = [r.get(mine, {}).get("load_phases", {}) for r in reps[loads.index(min(loads))]]
+        row[f"{mine}_load_phases"] = {k: max(p.get(k, 0.0) for p in best) for k in sorted(set().union(*best))}
     return row
 
 
@@ -283,9 +284,11 @@ def report(rows: list[dict], chunks: list[int]) -> None:
                    ["case", "hosts", "x_torchft_http_direct", "x_torchft_http_best_direct", "x_pg_direct",
                     "x_dcp_shm_direct", "x_dcp_disk_direct", "x_dcp_s3_direct", "x_floor_direct",
                     "x_torchft_http_direct_first", "x_pg_direct_first"])  # fmt: skip
-    phases = sorted({k for r in rows for k in r["tenplex_load_phases"]})
-    flat = [{"case": r["case"], "hosts": r["hosts"], **r["tenplex_load_phases"]} for r in rows]
-    print_rows("tenplex load by phase (s, slowest rank per phase)", flat, ["case", "hosts", *phases])
+    for mine, title in (("tenplex", "tenplex load"), ("tenplex_direct", "tenplex load(atomic=False)")):
+        has = [r for r in rows if f"{mine}_load_phases" in r]
+        phases = sorted({k for r in has for k in r[f"{mine}_load_phases"]})
+        flat = [{"case": r["case"], "hosts": r["hosts"], **r[f"{mine}_load_phases"]} for r in has]
+        print_rows(f"{title} by phase (s, slowest rank per phase)", flat, ["case", "hosts", *phases])
     res = [r for r in rows if r["case"] != "recovery"]
     if res:
         print_rows("resharding save + load (s)", res,

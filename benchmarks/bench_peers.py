@@ -76,8 +76,6 @@ def recovery_row(reps: list[list[dict]], chunks: list[int], floor_s: float, torc
         row["http_best_chunks"] = best = min(chunks, key=lambda c: row[f"http_{c}_s"])
         peers.update(torchft_http="http_0_s", torchft_http_best=f"http_{best}_s", pg="pg_s")
     for when, (mine, tag) in product(("", "_first"), (("tenplex", ""), ("tenplex_direct", "_direct"))):
-        if f"{mine}_load_s{when}" not in row:  # a run from before tenplex_direct was measured
-            continue
         load = row[f"{mine}_load_s{when}"]
         with_save = load + row[f"{mine}_save_s{when}"]
         for name, key in peers.items():

@@ -329,10 +329,10 @@ def test_a_load_not_atomic_lands_boxes_in_their_targets_and_falls_back_whole(mon
         assert info.step == 1 and [x["step"] for x in info.skipped] == [2], info.skipped
         assert torch.equal(target["a"], older["a"]) and torch.equal(target["b"], older["b"])
         assert target["step"] == 7
+        target = _state(fill=-5.0)
         with pytest.raises(StateError, match=r"corrupted"):
-            tenplex.load(
-                _state(fill=-5.0), job="direct", step=2, store=own.url, sources=[old.url], atomic=False
-            )
+            tenplex.load(target, job="direct", step=2, store=own.url, sources=[old.url], atomic=False)
+        assert torch.equal(target["a"], newer["a"])  # it landed in the target itself before `b` failed
         with pytest.raises(StateError, match=r"corrupted"):  # the one before may lack what it part wrote
             tenplex.load(
                 _state(fill=-5.0), job="direct", store=own.url, sources=[old.url], atomic=False, strict=False

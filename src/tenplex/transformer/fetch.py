@@ -27,7 +27,7 @@ from ..util.arena import Arena
 from .breakdown import Breakdown
 from .errors import StateError
 from .gathered import blob_name
-from .shards import VIEW_AS, LocalShard, Staged, as_numpy, copy_into
+from .shards import VIEW_AS, LocalShard, Staged, as_numpy, copy_into, host_resident
 from .snapshot import Version
 from .stores import client
 
@@ -68,11 +68,6 @@ class Read:
     @property
     def blob(self) -> str:
         return blob_name(self.fetch.src, self.fetch.tensor)
-
-
-def _writable_here(t: torch.Tensor) -> bool:
-    """Whether a box can land in `t` itself: a contiguous CPU tensor (others are staged on the host)."""
-    return t.device.type == "cpu" and t.is_contiguous()
 
 
 def shared_remote_boxes(p: Plan, host: str) -> set[tuple[str, Any, int]]:
@@ -230,7 +225,7 @@ class HeldBoxes:
         rels = [r.fetch.box.relative_to(shards[r.target].box) for r in pulled]
         runs = [_contiguous(rel, shards[r.target].box.shape) for r, rel in zip(pulled, rels)]
         whole = sorted({r.target for r, run in zip(pulled, runs) if run})
-        direct = set() if self.atomic else {n for n in whole if _writable_here(shards[n].local)}
+        direct = set() if self.atomic else {n for n in whole if host_resident(shards[n].local)}
         dtypes = {n: np.dtype(NUMPY_DTYPE[shards[n].dtype]) for n in {r.target for r in pulled}}
         apart = [rel.volume * dtypes[r.target].itemsize for r, rel, run in zip(pulled, rels, runs) if not run]
         arena = Arena(Arena.size_of([shards[n].local.nbytes for n in whole if n not in direct] + apart))

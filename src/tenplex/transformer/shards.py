@@ -160,6 +160,11 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src)
 
 
+def host_resident(t: torch.Tensor) -> bool:
+    """Whether `t`'s own memory can be read or written as a host array: a contiguous CPU tensor."""
+    return t.device.type == "cpu" and t.is_contiguous()
+
+
 def host_empty(shape: tuple[int, ...], dtype: torch.dtype, arena: Arena | None = None) -> torch.Tensor:
     """An uninitialized CPU tensor, taken from `arena` when one is given (huge pages, see util.arena)."""
     nbytes = math.prod(shape) * dtype.itemsize
@@ -175,7 +180,7 @@ class Staged:
 
     def __init__(self, t: torch.Tensor, fill: bool, scratch: Arena | None = None) -> None:
         self.tensor = t
-        if t.device.type == "cpu" and t.is_contiguous() and scratch is None:
+        if host_resident(t) and scratch is None:
             self.host = t
         else:
             self.host = host_empty(t.shape, t.dtype, scratch)

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .shards import as_numpy
+from .shards import as_numpy, host_resident
 
 Key = tuple[str, tuple[int, ...], torch.dtype, bool]
 
@@ -93,8 +93,7 @@ def stage(tensors: dict[str, torch.Tensor], copy_cpu: bool, pool: StagingPool = 
     sides: dict[torch.device, Any] = {}  # a side stream per device
     for name, t in tensors.items():
         t = t.detach()
-        on_cpu = t.device.type == "cpu"
-        if on_cpu and not copy_cpu and t.is_contiguous():
+        if host_resident(t) and not copy_cpu:
             snap.arrays_[name] = as_numpy(t)
             continue
         key: Key = (name, tuple(t.shape), t.dtype, t.device.type == "cuda")

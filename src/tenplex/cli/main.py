@@ -66,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.whole_process = argv is None  # the command line of its own process, not a call from Python
     # `kill -USR1 PID` prints every thread's stack to stderr and the command goes on: what a run that
     # seems stuck is waiting for
     try:

@@ -80,7 +80,10 @@ def run(args: argparse.Namespace) -> int:
             controller = Controller(cfg)
             controller.run()
         except BaseException as e:  # each way out says what became of the stores
-            return end_early(controller, e)
+            code = end_early(controller, e)
+            if args.whole_process:
+                _exit_now(code)
+            return code
     run_dir = cfg.run_dir
     if cfg.keep_stores:
         stores = controller.hosts.stores.items()
@@ -90,6 +93,19 @@ def run(args: argparse.Namespace) -> int:
         stop_hosts(controller)
     ledger = _report(controller, run_dir)  # the reference workload always keeps one; a script may not
     return 1 if ledger is False or (ledger is None and not args.script) else 0
+
+
+def _exit_now(code: int) -> None:
+    """End the process once its lines are out, without the interpreter's teardown: after an early end the
+    controller's threads and torch objects (stores, the standby pool's channels) may still be alive there,
+    and torch aborted the process in it now and then ('terminate called without an active exception',
+    exit -6 after the right output). Only where the command owns its process (`tenplex run` itself)."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _report(controller: Controller, run_dir: Path) -> bool | None:

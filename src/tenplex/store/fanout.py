@@ -111,6 +111,9 @@ def _all(calls: list[Callable[[], None]], concurrency: int) -> None:
     so no call still writes into a caller's array)."""
     if not calls:
         return
+    if len(calls) == 1:  # no thread to start and join: what a small load's one request mostly cost
+        calls[0]()
+        return
     with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(calls)))) as pool:
         futures = [pool.submit(call) for call in calls]
         errors = [f.exception() for f in futures]

@@ -184,11 +184,15 @@ class HeldBoxes:
         kinds = [("shm_reads", here or into.copies, partial(self._hold_here, here, into.copies)),
                  ("relayed_reads", into.relayed or far, partial(self._hold_relayed, far, into.relayed)),
                  ("network_reads", into.network, partial(self._read, into.network))]  # fmt: skip
+        todo = [(kind, fn) for kind, work, fn in kinds if work]
         try:
-            with self.bd.phase("reads"), ThreadPoolExecutor(max_workers=3) as pool:
-                futures = [pool.submit(_timed, self.bd, kind, fn) for kind, work, fn in kinds if work]
-                for fut in futures:
-                    fut.result()
+            with self.bd.phase("reads"):
+                if len(todo) == 1:  # one kind of read: in this thread (no pool to start and join)
+                    _timed(self.bd, *todo[0])
+                else:
+                    with ThreadPoolExecutor(max_workers=3) as pool:
+                        for fut in [pool.submit(_timed, self.bd, kind, fn) for kind, fn in todo]:
+                            fut.result()
         except StoreError as e:
             self.release()
             raise StateError(f"loading the snapshot of {self.at.job!r} at step {self.at.step}: {e}") from e

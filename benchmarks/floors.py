@@ -1,9 +1,14 @@
 """The machine's floors, measured by the benchmarks in the same run as what they bound: memory copies and
-checksums on every core the ranks can use, and loopback TCP in one or more streams."""
+checksums on every core the ranks can use, and loopback TCP in one or more streams; and the interpreter's
+speed, by which the fixed costs of a save and a load scale (the memcpy floor does not tell it: this VM's
+memcpy and its interpreter slowed by different factors from one day to the next)."""
 
 from __future__ import annotations
 
+import json
+import math
 import multiprocessing
+import pickle
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +52,28 @@ def bandwidth(op: str, procs: int, nbytes: int = 256 << 20, repeat: int = 9) -> 
         for p in ps:
             p.join(timeout=60)
     return procs * nbytes / min(max(t[i] for t in per) for i in range(repeat))
+
+
+def _interp_work() -> int:
+    """A fixed piece of the kind of work a save's and a load's fixed phases do, written without tenplex
+    (whose own code gets faster, which must not move the yardstick): a few hundred tensors' descriptions
+    as JSON and pickles, parsed back and walked."""
+    rows = {f"t{i}": {"shape": [i % 7 + 1, 64], "dtype": "float32",
+                      "pieces": [[[0, 0], [i % 7 + 1, 32], [i % 4]], [[0, 32], [i % 7 + 1, 64], [i % 3]]]}
+            for i in range(300)}  # fmt: skip
+    text, total = json.dumps(rows), 0
+    for _ in range(3):
+        back = pickle.loads(pickle.dumps(json.loads(text), protocol=pickle.HIGHEST_PROTOCOL))
+        for r in back.values():
+            for a, b, holders in r["pieces"]:
+                total += math.prod(y - x for x, y in zip(a, b)) * len(holders)
+    return total
+
+
+def interp_rate(repeat: int = 9) -> float:
+    """Rounds of `_interp_work` per second on one core, best of `repeat` (each round timed alone)."""
+    _interp_work()
+    return 1.0 / min(_time(_interp_work) for _ in range(repeat))
 
 
 STREAM_CHUNK = 4 << 20
@@ -123,7 +150,8 @@ def measure(procs: int, rounds: int = 9) -> dict[str, float | list[float]]:
     streams = [socket_bandwidth(k, repeat=max(1, rounds // 2 + 1)) for k in range(1, procs + 1)]
     bw = {op: bandwidth(op, procs, repeat=rounds) for op in ("copy", "hash", "copy_hash")}
     return {"memcpy": bw["copy"], "socket": max(streams), "socket_streams": streams, "checksum": bw["hash"],
-            "copy_hash": bw["copy_hash"], "memcpy_1core": bandwidth("copy", 1, repeat=rounds)}  # fmt: skip
+            "copy_hash": bw["copy_hash"], "memcpy_1core": bandwidth("copy", 1, repeat=rounds),
+            "interp": interp_rate(max(rounds, 5))}  # fmt: skip
 
 
 def best(before: dict, after: dict) -> dict[str, float]:
@@ -138,8 +166,12 @@ def meta(before: dict, after: dict, procs: int) -> dict:
             f"{k}_GBps{when}": [x / 1e9 for x in v] if isinstance(v, list) else v / 1e9
             for when, got in (("", before), ("_after", after))
             for k, v in got.items()
-            if k != "memcpy_1core"
+            if k not in ("memcpy_1core", "interp")
         },
+        # rounds of floors._interp_work a second, before and after the cases: what the model scales the
+        # fixed costs by (the cases ran between the two)
+        "interp_per_s": before["interp"],
+        "interp_per_s_after": after["interp"],
         "floor_cores": procs,  # memcpy, checksum and copy_hash: that many processes at once
         "memcpy_1core_GBps": max(before["memcpy_1core"], after["memcpy_1core"]) / 1e9,
     }
@@ -150,4 +182,5 @@ def shown(f: dict) -> str:
     streams = ", ".join(f"{x / 1e9:.2f}" for x in f["socket_streams"])
     return (f"memcpy {f['memcpy'] / 1e9:.2f} GB/s ({f['memcpy_1core'] / 1e9:.2f} on one core), checksums "
             f"{f['checksum'] / 1e9:.2f}, copy with checksums {f['copy_hash'] / 1e9:.2f}; loopback socket "
-            f"{f['socket'] / 1e9:.2f} GB/s (1 stream and up: {streams})")  # fmt: skip
+            f"{f['socket'] / 1e9:.2f} GB/s (1 stream and up: {streams}); interpreter {f['interp']:.0f} "
+            "rounds/s")  # fmt: skip

@@ -42,11 +42,12 @@ COSTS = ROOT / "src" / "tenplex" / "planner" / "reconfig_costs.json"
 DOC = ROOT / "docs" / "scale.md"
 LLAMA = ROOT / "docs" / "llama2-70b.json"
 FIXED, FULL, NETNS_RUN = "bench_reconfig_fixed.json", "bench_reconfig.json", "bench_reconfig_netns.json"
-SOURCES = tuple(f"results/{name}" for name in (FIXED, FULL, NETNS_RUN))
+NETNS_FIXED = "bench_reconfig_netns_fixed.json"  # namespace hosts at 5 MB: what hosts apart add per rank
+SOURCES = tuple(f"results/{name}" for name in (FIXED, FULL, NETNS_RUN, NETNS_FIXED))
 SWEEP = "bench_sweep.json"  # checked, not calibrated on: the scale sweep tests the model beyond its inputs
 # bench_reconfig_gpu_host.json is not checked: another machine (16 cores), whose own intercepts were never
 # measured; these costs are this machine's
-CHECKED = (FULL, FIXED, NETNS_RUN, SWEEP)
+CHECKED = (FULL, FIXED, NETNS_RUN, NETNS_FIXED, SWEEP)
 BOUND = 0.25  # every checked point within 25% of its measured seconds
 # Points the model misses, and why: tests/test_estimate.py asserts every other point is within BOUND.
 MISSES = {
@@ -114,6 +115,7 @@ class Case:
     netns: bool
     link_GBps: float | None  # a namespace host's shaped link, as that run measured it
     memcpy_GBps: float  # the machine's memcpy in that run
+    interp_per_s: float | None  # the interpreter's speed in that run (the mean of before and after it)
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -124,7 +126,7 @@ class Case:
         )  # a sweep names its points
 
     def emulate(self, costs: Costs) -> Estimate:
-        return emulate(self.demand, costs, self.link_GBps, self.memcpy_GBps, self.netns)
+        return emulate(self.demand, costs, self.link_GBps, self.memcpy_GBps, self.netns, self.interp_per_s)
 
 
 def cases() -> list[Case]:
@@ -138,7 +140,9 @@ def cases() -> list[Case]:
                 continue
             link = row["nic_gbps_measured"] / 8 if "nic_gbps_measured" in row else None
             d, netns = demand(bench_plan(doc, row)), row.get("network", doc.get("network")) == "netns"
-            out.append(Case(name, row, d, netns, link, doc["memcpy_GBps"]))
+            interp = [doc[k] for k in ("interp_per_s", "interp_per_s_after") if k in doc]
+            speed = sum(interp) / len(interp) if interp else None
+            out.append(Case(name, row, d, netns, link, doc["memcpy_GBps"], speed))
     return out
 
 
@@ -148,21 +152,26 @@ def contention(ranks: int, cores: int) -> float:
 
 def calibrate(measured: list[Case], cores: int) -> Costs:
     """Intercepts from the 5 MB run, per-core rates from the 1.2 GB run (both loopback hosts), then what
-    namespace hosts add per rank to a save and a load, from the namespace runs."""
+    namespace hosts add: per rank to a save and a load, from the namespace runs at 5 MB, and per GB crossing
+    their links, from those at 0.3 GB. Each run's seconds are first brought to the 1.2 GB run's speed: the
+    fixed parts by its interpreter's, the byte parts by its memcpy's."""
     fixed = [c for c in measured if c.file == FIXED]
     full = [c for c in measured if c.file == FULL]
-    ref = full[0].memcpy_GBps
+    ref, ref_interp = full[0].memcpy_GBps, full[0].interp_per_s or 0.0
+
+    def slow_fixed(c: Case) -> float:  # as `emulate` scales the fixed parts of c's run
+        return ref_interp / c.interp_per_s if ref_interp and c.interp_per_s else ref / c.memcpy_GBps
 
     def fit(kind: str, features) -> np.ndarray:
         x = [features(c.demand) for c in fixed]
-        y = [c.row[f"{kind}_s"] / contention(c.demand.ranks[kind == "load"], cores) / (ref / c.memcpy_GBps)
+        y = [c.row[f"{kind}_s"] / contention(c.demand.ranks[kind == "load"], cores) / slow_fixed(c)
              for c in fixed]  # fmt: skip
         return np.linalg.lstsq(np.array(x, dtype=float), np.array(y), rcond=None)[0]
 
     save = fit("save", lambda d: [1, d.tensors_saved])
     load = fit("load", lambda d: [1, d.fetches, d.remote])
     inf = float("inf")  # no byte part yet: what `emulate` gives is the fixed part alone
-    costs = Costs(cores, *map(float, (*save, *load)), inf, inf, inf, ref, 0.0, 0.0, SOURCES)
+    costs = Costs(cores, *map(float, (*save, *load)), inf, inf, inf, ref, 0.0, 0.0, ref_interp, 0.0, SOURCES)
 
     def byte_part(cs: list[Case], kind: str) -> float:  # their seconds less the fixed costs
         return sum(c.row[f"{kind}_s"] - getattr(c.emulate(costs), f"{kind}_s") for c in cs)
@@ -176,15 +185,28 @@ def calibrate(measured: list[Case], cores: int) -> Costs:
     local = sum(c.demand.total("read") for c in two) / (cores * load_rate * GB)
     net_rate = rate(sum(c.demand.total("ingress") for c in two), byte_part(two, "load") - local)
     costs = replace(costs, save_core_GBps=save_rate, load_core_GBps=load_rate, net_core_GBps=net_rate)
-    ns = [c for c in measured if c.netns and c.file == NETNS_RUN]
+    return _apart(costs, [c for c in measured if c.netns and c.file in (NETNS_RUN, NETNS_FIXED)], slow_fixed)
 
-    def extra(kind: str) -> float:  # per rank on a core of its own, at the calibration run's speed
-        per = [(c.row[f"{kind}_s"] - getattr(c.emulate(costs), f"{kind}_s"))
-               / contention(c.demand.ranks[kind == "load"], cores) / (ref / c.memcpy_GBps)
-               for c in ns]  # fmt: skip
-        return float(np.mean(per)) if per else 0.0
 
-    return replace(costs, ns_save_s=extra("save"), ns_load_s=extra("load"))
+def _apart(costs: Costs, ns: list[Case], slow_fixed) -> Costs:
+    """What namespace hosts add beyond loopback's model: per rank on a core of its own, a save's and a
+    load's constant; per GB crossing their links, a load's seconds on one core (least squares over the
+    namespace runs' points, the named misses left out)."""
+    ns = [c for c in ns if c.key not in MISSES]
+    if not ns:
+        return costs
+
+    def beyond(c: Case, kind: str) -> float:
+        return c.row[f"{kind}_s"] - getattr(c.emulate(costs), f"{kind}_s")
+
+    def queued(c: Case, kind: str) -> float:  # one rank's constant, as `emulate` scales it in c's run
+        return contention(c.demand.ranks[kind == "load"], costs.cores) * slow_fixed(c)
+
+    save = float(np.mean([beyond(c, "save") / queued(c, "save") for c in ns]))
+    x = [[queued(c, "load"), c.demand.total("ingress") / GB / costs.cores * costs.memcpy_GBps / c.memcpy_GBps]
+         for c in ns]  # fmt: skip
+    load, per_gb = np.linalg.lstsq(np.array(x), np.array([beyond(c, "load") for c in ns]), rcond=None)[0]
+    return replace(costs, ns_save_s=save, ns_load_s=float(load), ns_s_per_GB=float(per_gb))
 
 
 def points() -> list[dict]:

@@ -46,6 +46,12 @@ class Costs:
     memcpy_GBps: float  # the machine's memcpy in the slope's run: how fast that machine was then
     ns_save_s: float  # per rank, what a save adds when its hosts are apart behind links (collectives,
     ns_load_s: float  # authenticated store connections), measured on namespace hosts; and a load
+    # the interpreter's speed in the slope's run (rounds/s of benchmarks/floors.py's probe), by which the
+    # fixed parts scale from one run to another (0: not measured, the memcpy ratio stands in)
+    interp_per_s: float = 0.0
+    # seconds per GB crossing namespace hosts' links on one core, beyond the link's time or the cores' (veth,
+    # bridge and the shaping qdisc on the one machine's kernel, not overlapped with either): emulation only
+    ns_s_per_GB: float = 0.0
     sources: tuple[str, ...] = ()
 
     @classmethod
@@ -221,20 +227,30 @@ def estimate(plan: Plan, links: Links, costs: Costs | None = None) -> Estimate:
 
 
 def emulate(
-    d: Demand, c: Costs, link_GBps: float | None = None, memcpy_GBps: float | None = None, netns: bool = False
+    d: Demand,
+    c: Costs,
+    link_GBps: float | None = None,
+    memcpy_GBps: float | None = None,
+    netns: bool = False,
+    interp_per_s: float | None = None,
 ) -> Estimate:
     """The same model as the development machine runs a change: every emulated host and rank shares its
     `cores` (so fixed costs queue when ranks outnumber cores, and all bytes pass one machine's copy path),
-    each namespace host has its own shaped link (`link_GBps`; loopback hosts have none), and the machine
-    ran at `memcpy_GBps` in that run (slower than the calibration run: everything CPU-bound is slower)."""
+    each namespace host has its own shaped link (`link_GBps`; loopback hosts have none) and its bytes cost
+    the machine's kernel more than loopback's, and the machine ran at `memcpy_GBps` and its interpreter at
+    `interp_per_s` in that run: the byte parts scale by the first, the fixed parts by the second (this VM
+    slowed them by different factors from one day to the next)."""
     slow = c.memcpy_GBps / memcpy_GBps if memcpy_GBps else 1.0
+    slow_fixed = c.interp_per_s / interp_per_s if interp_per_s and c.interp_per_s else slow
     save_fixed, load_fixed = fixed_s(d, c, netns)
     old, new = d.ranks
-    save = max(1.0, old / c.cores) * save_fixed + sum(d.saved.values()) / (c.cores * c.save_core_GBps * GB)
+    save = max(1.0, old / c.cores) * save_fixed * slow_fixed
+    save += sum(d.saved.values()) / (c.cores * c.save_core_GBps * GB) * slow
     cpu = sum(d.read.values()) / (c.cores * c.load_core_GBps * GB)
     cpu += sum(d.ingress.values()) / (c.cores * c.net_core_GBps * GB)
     busiest = max((max(d.ingress[h], d.egress[h]) for h in set(d.ingress) | set(d.egress)), default=0)
     link = busiest / (link_GBps * GB) if link_GBps else 0.0
-    load = max(1.0, new / c.cores) * load_fixed * slow + max(cpu * slow, link)
+    load = max(1.0, new / c.cores) * load_fixed * slow_fixed + max(cpu * slow, link)
+    load += sum(d.ingress.values()) / GB * c.ns_s_per_GB / c.cores * slow * netns  # after either
     where = "links" if link > cpu * slow else "the machine's cores"
-    return Estimate(save * slow, load, where, [f"emulated on {c.cores} cores"])
+    return Estimate(save, load, where, [f"emulated on {c.cores} cores"])

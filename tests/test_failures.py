@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import signal
 import time
 
@@ -148,23 +147,29 @@ def test_a_corrupted_newest_snapshot_gives_way_to_the_one_before():
 
 
 def test_a_store_dying_mid_load_leaves_the_targets_or_falls_back(tmp_path, monkeypatch):
-    """The store holding the snapshot is SIGKILLed after the plan, as the first read starts: without
-    `path=` the load raises with the targets untouched; with it, the DCP snapshot serves the load."""
+    """The store holding the snapshot is SIGKILLed after the plan, as the first read starts (read directly
+    or relayed through this host's store): without `path=` the load raises with the targets untouched;
+    with it, the DCP snapshot serves the load."""
     import tenplex.transformer.fetch as fetch
 
-    real = fetch.read_many
+    reads = ("read_many", "hold_relayed_many")
+    real = {name: getattr(fetch, name) for name in reads}
     source = _state()
     for fallback in (False, True):
         with start_store() as own, start_store() as old:
             tenplex.save(source, job="dies", step=1, store=old.url)
             tenplex.persist("dies", 1, str(tmp_path / f"dcp{fallback}"), store=old.url)
 
-            def dying(requests, *args, **kwargs):
-                old.proc.send_signal(signal.SIGKILL)
-                old.proc.wait()
-                return real(requests, *args, **kwargs)
+            def dying(read):
+                def first_kills(requests, *args, **kwargs):
+                    old.proc.send_signal(signal.SIGKILL)  # once: a process already reaped is not signalled
+                    old.proc.wait()
+                    return read(requests, *args, **kwargs)
 
-            monkeypatch.setattr(fetch, "read_many", dying)
+                return first_kills
+
+            for name in reads:
+                monkeypatch.setattr(fetch, name, dying(real[name]))
             target = _state(fill=-5.0)
             kw = {"path": str(tmp_path / f"dcp{fallback}")} if fallback else {}
             if not fallback:
@@ -175,17 +180,17 @@ def test_a_store_dying_mid_load_leaves_the_targets_or_falls_back(tmp_path, monke
             else:
                 info = tenplex.load(target, job="dies", store=own.url, sources=[old.url], **kw)
                 assert info.source == "durable" and torch.equal(target["b"], source["b"]), info
-            monkeypatch.setattr(fetch, "read_many", real)
+            for name in reads:
+                monkeypatch.setattr(fetch, name, real[name])
 
 
 def test_boxes_from_another_host_are_read_directly_or_relayed_or_scratched(monkeypatch):
-    """A box of another host's store that one rank alone needs is read straight from that store (no hop
-    through this host's store); one that other ranks of this host need too (emulated: every remote box
-    counted as shared) is fetched into this host's store and held there, or read into scratch when that
-    store has no room for it. Every way the bytes arrive whole, checked, and no relay copy is left."""
+    """A load that writes its targets once every box arrived (atomic) fetches a large box of another host's
+    store into this host's store and holds it there (received into memory the store holds, not into
+    scratch pages to fault in), or reads it into scratch when that store has no room for it; one that lands
+    boxes in their targets (atomic=False) reads it straight from the source's store. Every way the bytes
+    arrive whole, checked, and no relay copy is left."""
     import tenplex.transformer.fetch as fetch
-
-    load_module = importlib.import_module("tenplex.transformer.load")  # the package's `load` is the function
 
     real_scratch, real_hold, scratched, held = fetch._into_scratch, fetch.hold_relayed_many, [], []
 
@@ -200,22 +205,20 @@ def test_boxes_from_another_host_are_read_directly_or_relayed_or_scratched(monke
     monkeypatch.setattr(fetch, "_into_scratch", scratch_spy)
     monkeypatch.setattr(fetch, "hold_relayed_many", hold_spy)
     source = _state()
-    alone, every = fetch.shared_remote_boxes, lambda p, host: {(f.tensor, f.box, f.src) for f in p.fetches()}
-    ways = ((False, "64MiB", "direct"), (True, "64MiB", "held"), (True, "1MiB", "scratch"))
-    for shared, limit, expect in ways:
+    ways = ((True, "64MiB", "held"), (False, "64MiB", "direct"), (True, "1MiB", "scratch"))
+    for atomic, limit, expect in ways:
         scratched.clear()
         held.clear()
-        monkeypatch.setattr(load_module, "shared_remote_boxes", every if shared else alone)
         with start_store() as old, start_store(memory_limit=limit) as own:
             monkeypatch.setenv("TENPLEX_EMULATED_HOSTS", "1")
             monkeypatch.setenv("TENPLEX_STORE", own.url)
             tenplex.save(source, job="far", step=1, store=old.url)
             target = _state(fill=-5.0)
-            info = tenplex.load(target, job="far", store=own.url, sources=[old.url])
+            info = tenplex.load(target, job="far", store=own.url, sources=[old.url], atomic=atomic)
             assert torch.equal(target["a"], source["a"]) and torch.equal(target["b"], source["b"])
             assert target["step"] == 7 and info.bytes["cross_host"] == 4 * 5 * 300_000, info.bytes
             got = "scratch" if scratched else "held" if held else "direct"
-            assert got == expect, (shared, limit, scratched, held)
+            assert got == expect, (atomic, limit, scratched, held)
             assert ("network_reads" in info.phases) == (expect == "direct"), info.phases
             # the lowest rank drops the relay cache without waiting for the answer: it goes at once
             deadline = time.monotonic() + 10

@@ -44,13 +44,15 @@ class Costs:
     net_core_GBps: float  # one core's extra work per cross-host byte (both ends, measured on one machine;
     # on a cluster each end's host does half)
     memcpy_GBps: float  # the machine's memcpy in the slope's run: how fast that machine was then
-    ns_save_s: float  # per rank, what a save adds when its hosts are apart behind links (collectives,
-    ns_load_s: float  # authenticated store connections), measured on namespace hosts; and a load
+    # what namespace hosts add to a save and to a load per host beyond the first, and per GB crossing their
+    # links on one core beyond the link's time or the cores' (every host's veth, bridge, shaping qdisc and
+    # connections on the one machine's kernel and cores): emulation only, `emulate` counts them, `estimate`
+    # does not (a cluster's hosts each have their own)
+    ns_save_host_s: float
+    ns_load_host_s: float
     # the interpreter's speed in the slope's run (rounds/s of benchmarks/floors.py's probe), by which the
     # fixed parts scale from one run to another (0: not measured, the memcpy ratio stands in)
     interp_per_s: float = 0.0
-    # seconds per GB crossing namespace hosts' links on one core, beyond the link's time or the cores' (veth,
-    # bridge and the shaping qdisc on the one machine's kernel, not overlapped with either): emulation only
     ns_s_per_GB: float = 0.0
     sources: tuple[str, ...] = ()
 
@@ -182,11 +184,10 @@ class Estimate:
         return {**asdict(self), "total_s": self.total_s}
 
 
-def fixed_s(d: Demand, c: Costs, apart: bool) -> tuple[float, float]:
-    """One rank's fixed seconds per save and per load, on a core of its own; `apart`: hosts that are apart,
-    behind links (not loopback stores on one machine)."""
-    save = c.save_fixed_s + c.save_per_tensor_s * d.tensors_saved + c.ns_save_s * apart
-    load = c.load_fixed_s + c.load_per_fetch_s * d.fetches + c.load_remote_s * d.remote + c.ns_load_s * apart
+def fixed_s(d: Demand, c: Costs) -> tuple[float, float]:
+    """One rank's fixed seconds per save and per load, on a core of its own."""
+    save = c.save_fixed_s + c.save_per_tensor_s * d.tensors_saved
+    load = c.load_fixed_s + c.load_per_fetch_s * d.fetches + c.load_remote_s * d.remote
     return save, load
 
 
@@ -195,15 +196,16 @@ def estimate(plan: Plan, links: Links, costs: Costs | None = None) -> Estimate:
     its own copy path and link."""
     c = costs or packaged_costs()
     d = demand(plan)
-    save_fixed, load_fixed = fixed_s(d, c, d.hosts > 1)
+    save_fixed, load_fixed = fixed_s(d, c)
     said = [
         links.describe(),
         f"tenplex's path per rank (one core): save {c.save_core_GBps:.1f} GB/s, load "
         f"{c.load_core_GBps:.1f} GB/s, plus {1 / c.net_core_GBps:.2f} s/GB of cross-host bytes; fixed per "
         f"rank {c.save_fixed_s * 1e3:.0f} ms a save + {c.save_per_tensor_s * 1e6:.0f} us a tensor, "
         f"{c.load_fixed_s * 1e3:.0f} ms a load + {c.load_per_fetch_s * 1e6:.0f} us a box, +"
-        f"{c.load_remote_s * 1e3:.0f} ms reaching other hosts, +{c.ns_save_s * 1e3:.0f} / "
-        f"{c.ns_load_s * 1e3:.0f} ms a save / load on hosts apart (measured: {', '.join(c.sources)})",
+        f"{c.load_remote_s * 1e3:.0f} ms reaching other hosts (measured: {', '.join(c.sources)})",
+        "what namespace hosts added beyond loopback hosts (per host, per GB) is left out: one machine's "
+        "kernel and cores did every emulated host's networking there; a network's latency is not modelled",
         "every rank on a core of its own; a host's store sends with its ranks' cores, each end of a "
         "cross-host byte doing half the work measured for both",
         "fixed costs per rank as measured with 4 to 8 ranks: their growth with more ranks is not modelled",
@@ -242,15 +244,17 @@ def emulate(
     slowed them by different factors from one day to the next)."""
     slow = c.memcpy_GBps / memcpy_GBps if memcpy_GBps else 1.0
     slow_fixed = c.interp_per_s / interp_per_s if interp_per_s and c.interp_per_s else slow
-    save_fixed, load_fixed = fixed_s(d, c, netns)
+    save_fixed, load_fixed = fixed_s(d, c)
     old, new = d.ranks
-    save = max(1.0, old / c.cores) * save_fixed * slow_fixed
+    others = (d.hosts - 1) * netns  # namespace hosts beyond the first
+    save = (max(1.0, old / c.cores) * save_fixed + others * c.ns_save_host_s) * slow_fixed
     save += sum(d.saved.values()) / (c.cores * c.save_core_GBps * GB) * slow
     cpu = sum(d.read.values()) / (c.cores * c.load_core_GBps * GB)
     cpu += sum(d.ingress.values()) / (c.cores * c.net_core_GBps * GB)
     busiest = max((max(d.ingress[h], d.egress[h]) for h in set(d.ingress) | set(d.egress)), default=0)
     link = busiest / (link_GBps * GB) if link_GBps else 0.0
-    load = max(1.0, new / c.cores) * load_fixed * slow_fixed + max(cpu * slow, link)
+    load = (max(1.0, new / c.cores) * load_fixed + others * c.ns_load_host_s) * slow_fixed
+    load += max(cpu * slow, link)
     load += sum(d.ingress.values()) / GB * c.ns_s_per_GB / c.cores * slow * netns  # after either
     where = "links" if link > cpu * slow else "the machine's cores"
     return Estimate(save, load, where, [f"emulated on {c.cores} cores"])

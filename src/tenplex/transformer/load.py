@@ -212,7 +212,7 @@ def _read(snap: Snapshot, p: Plan, fetches: list[Fetch], target: _Target, run: _
     arrived) the targets written; what failed where otherwise, with nothing written."""
     me = world.rank(run.group)
     with run.bd.phase("plan"):
-        shared = shared_remote_boxes(p, target.new.mesh.hosts[me])
+        shared = shared_remote_boxes(p, target.new.mesh.hosts[me], every=run.atomic)
     at = Version(run.job, snap.step, snap.manifest.get("save_id"))
     with HeldBoxes(
         target.shards, at, run.concurrency, run.bd, run.atomic

@@ -38,8 +38,8 @@ def test_the_model_is_within_25_percent_of_every_measured_point_but_the_named_mi
     off = [p for p in points if not p["miss"] and abs(p["error"]) > model.BOUND]
     assert not off, [(p["file"], p["change"], p["hosts"], round(p["error"], 3)) for p in off]
     checked = [p for p in points if not p["miss"]]
-    # all 16 of bench_reconfig, 11 of the 12 namespace points it calibrates on, 11 of the 16 sweep points
-    assert len(checked) >= 37
+    # all 16 of bench_reconfig, 11 of the 12 namespace points it calibrates on, 13 of the 17 sweep points
+    assert len(checked) >= 40
 
 
 def test_the_named_misses_are_measured_and_still_missed(points):

@@ -42,7 +42,7 @@ COSTS = ROOT / "src" / "tenplex" / "planner" / "reconfig_costs.json"
 DOC = ROOT / "docs" / "scale.md"
 LLAMA = ROOT / "docs" / "llama2-70b.json"
 FIXED, FULL, NETNS_RUN = "bench_reconfig_fixed.json", "bench_reconfig.json", "bench_reconfig_netns.json"
-NETNS_FIXED = "bench_reconfig_netns_fixed.json"  # namespace hosts at 5 MB: what hosts apart add per rank
+NETNS_FIXED = "bench_reconfig_netns_fixed.json"  # namespace hosts at 5 MB: what each host beyond one adds
 SOURCES = tuple(f"results/{name}" for name in (FIXED, FULL, NETNS_RUN, NETNS_FIXED))
 SWEEP = "bench_sweep.json"  # checked, not calibrated on: the scale sweep tests the model beyond its inputs
 # bench_reconfig_gpu_host.json is not checked: another machine (16 cores), whose own intercepts were never
@@ -151,9 +151,9 @@ def contention(ranks: int, cores: int) -> float:
 
 def calibrate(measured: list[Case], cores: int) -> Costs:
     """Intercepts from the 5 MB run, per-core rates from the 1.2 GB run (both loopback hosts), then what
-    namespace hosts add: per rank to a save and a load, from the namespace runs at 5 MB, and per GB crossing
-    their links, from those at 0.3 GB. Each run's seconds are first brought to the 1.2 GB run's speed: the
-    fixed parts by its interpreter's, the byte parts by its memcpy's."""
+    namespace hosts add: per host beyond the first to a save and a load, from the namespace run at 5 MB,
+    and per GB crossing their links, from the one at 0.3 GB. Each run's seconds are first brought to the
+    1.2 GB run's speed: the fixed parts by its interpreter's, the byte parts by its memcpy's."""
     fixed = [c for c in measured if c.file == FIXED]
     full = [c for c in measured if c.file == FULL]
     ref, ref_interp = full[0].memcpy_GBps, full[0].interp_per_s or 0.0

@@ -77,9 +77,9 @@ def shared_remote_boxes(p: Plan, host: str, every: bool = False) -> set[tuple[st
 
     Why `every` for a load that writes its targets only once all arrived (atomic): a box read directly
     lands in scratch memory first, whose pages the receive faults in one at a time, where the store
-    receives into memory it holds already; a dp change of 1.2 GB onto a second host loaded in 1.51 s with
-    its boxes read directly and in 0.59 s relayed (`python benchmarks/bench_reconfig.py`). A load that
-    lands boxes straight in their targets (not atomic) reads them directly: one hop, no copy."""
+    receives into memory it holds already (the dp change onto a second host of
+    `python benchmarks/bench_reconfig.py`, figures in docs/transformer.md). A load that lands boxes
+    straight in their targets (not atomic) reads them directly: one hop, no copy."""
     routes = (Route.RELAYED, Route.CROSS_HOST) if every else (Route.RELAYED,)
     out = set()
     for g in p.groups:

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from tenplex.cli.main import build_parser  # noqa: E402
 from tenplex.cli.plan_cmd import build_plans, estimates  # noqa: E402
 from tenplex.planner import Plan, plan  # noqa: E402
-from tenplex.planner.estimate import GB, LINKS, Costs, Demand, Estimate, demand, emulate  # noqa: E402
+from tenplex.planner.estimate import GB, LINKS, Costs, Demand, Estimate, demand, emulate, slowdowns  # noqa: E402
 from tenplex.ptc.gpt import GPTConfig, gpt_ptc  # noqa: E402
 
 RESULTS = ROOT / "results"
@@ -159,7 +159,7 @@ def calibrate(measured: list[Case], cores: int) -> Costs:
     ref, ref_interp = full[0].memcpy_GBps, full[0].interp_per_s or 0.0
 
     def slow_fixed(c: Case) -> float:  # as `emulate` scales the fixed parts of c's run
-        return ref_interp / c.interp_per_s if ref_interp and c.interp_per_s else ref / c.memcpy_GBps
+        return slowdowns(ref, ref_interp, c.memcpy_GBps, c.interp_per_s)[1]
 
     def fit(kind: str, features) -> np.ndarray:
         x = [features(c.demand) for c in fixed]
@@ -207,7 +207,8 @@ def _apart(costs: Costs, measured: list[Case], slow_fixed) -> Costs:
     costs = replace(costs, ns_save_host_s=fit(small, "save", others, costs),
                     ns_load_host_s=fit(small, "load", others, costs))  # fmt: skip
     per_gb = fit(large, "load", lambda c: c.demand.total("ingress") / GB / costs.cores
-                 * costs.memcpy_GBps / c.memcpy_GBps, costs)  # fmt: skip
+                 * slowdowns(costs.memcpy_GBps, costs.interp_per_s, c.memcpy_GBps, c.interp_per_s)[0],
+                 costs)  # fmt: skip
     return replace(costs, ns_s_per_GB=per_gb)
 
 

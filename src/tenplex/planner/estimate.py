@@ -228,6 +228,15 @@ def estimate(plan: Plan, links: Links, costs: Costs | None = None) -> Estimate:
     return Estimate(save_fixed + save, load_fixed + worst, where, said)
 
 
+def slowdowns(
+    ref_memcpy: float, ref_interp: float, memcpy: float | None, interp: float | None
+) -> tuple[float, float]:
+    """How much slower than the reference run a run's byte parts and fixed parts ran: by its memcpy, and by
+    its interpreter (the memcpy ratio stands in where either run did not measure its interpreter)."""
+    byte = ref_memcpy / memcpy if memcpy else 1.0
+    return byte, ref_interp / interp if interp and ref_interp else byte
+
+
 def emulate(
     d: Demand,
     c: Costs,
@@ -242,8 +251,7 @@ def emulate(
     the machine's kernel more than loopback's, and the machine ran at `memcpy_GBps` and its interpreter at
     `interp_per_s` in that run: the byte parts scale by the first, the fixed parts by the second (this VM
     slowed them by different factors from one day to the next)."""
-    slow = c.memcpy_GBps / memcpy_GBps if memcpy_GBps else 1.0
-    slow_fixed = c.interp_per_s / interp_per_s if interp_per_s and c.interp_per_s else slow
+    slow, slow_fixed = slowdowns(c.memcpy_GBps, c.interp_per_s, memcpy_GBps, interp_per_s)
     save_fixed, load_fixed = fixed_s(d, c)
     old, new = d.ranks
     others = (d.hosts - 1) * netns  # namespace hosts beyond the first

@@ -13,12 +13,11 @@ import time
 import pytest
 
 from tenplex.runtime.channel import Channel, ChannelError, RankChannel, put
-from tenplex.util import free_port
 
 
 @pytest.fixture(scope="module")
 def channel() -> Channel:
-    c = Channel("127.0.0.1", free_port())
+    c = Channel("127.0.0.1")
     c.serve()
     return c
 
@@ -73,17 +72,15 @@ def test_a_failure_is_waited_for_until_fired_and_not_forever(channel) -> None:
 
 
 def test_a_rank_whose_runtime_is_gone_is_told_in_one_line() -> None:
-    port = free_port()
     serve = (
         "from tenplex.runtime.channel import Channel\n"
-        f"c = Channel('127.0.0.1', {port})\nc.serve()\nprint(1, flush=True)\ninput()"
+        "c = Channel('127.0.0.1')\nc.serve()\nprint(c.address, flush=True)\ninput()"
     )
     p = subprocess.Popen(
         [sys.executable, "-c", serve], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     try:
-        assert p.stdout.readline().strip() == "1"
-        rank = RankChannel(f"127.0.0.1:{port}", 1)
+        rank = RankChannel(p.stdout.readline().strip(), 1)
         assert not rank.stop_asked()
         p.kill()
         p.wait()
@@ -97,7 +94,7 @@ def test_a_rank_whose_runtime_is_gone_is_told_in_one_line() -> None:
 def test_a_closed_channel_serves_no_more_and_says_so() -> None:
     """The controller closes its channel when its ranks are gone: the store's server ends then, not in the
     interpreter's teardown (where one kept alive by a traceback aborted the process, exit -6 for 1)."""
-    c = Channel("127.0.0.1", free_port())
+    c = Channel("127.0.0.1")
     c.serve()
     rank = RankChannel(c.address, 1)
     assert not rank.stop_asked()

@@ -365,11 +365,10 @@ def test_the_stores_of_spare_hosts_run_before_the_job_needs_them_and_never_outli
     from tenplex.runtime.channel import Channel
     from tenplex.runtime.hosts import EmulatedHosts
     from tenplex.runtime.launcher import Launcher
-    from tenplex.util import free_port
 
     hosts = EmulatedHosts(tmp_path, devices_per_host=2, failed_hosts={"h1"})
     hosts.allocation = ["h0/d0", "h0/d1"]
-    launcher = Launcher(tmp_path, hosts, pool_size=4, channel=Channel("127.0.0.1", free_port()))
+    launcher = Launcher(tmp_path, hosts, pool_size=4, channel=Channel("127.0.0.1"))
     try:
         assert launcher.spare_hosts() == {"h0": 2, "h2": 2, "h3": 2}
         launcher.start_stores(list(launcher.spare_hosts()))
@@ -597,10 +596,9 @@ from pathlib import Path
 from tenplex.runtime.channel import Channel
 from tenplex.runtime.job import ElasticJob
 from tenplex.runtime.spec import WorkerSpec
-from tenplex.util import free_port
 
 out = Path(sys.argv[1])
-channel = Channel("127.0.0.1", free_port())  # the controller's end, here in the rank's own process
+channel = Channel("127.0.0.1")  # the controller's end, here in the rank's own process
 channel.serve()
 spec = WorkerSpec(job="j", until=4, out=str(out), ahead=True, control=channel.address, phase=1)
 spec.to_file(out / "spec.json")

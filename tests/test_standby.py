@@ -11,13 +11,12 @@ import pytest
 
 from tenplex.runtime.channel import Channel
 from tenplex.runtime.standby import StandbyPool
-from tenplex.util import free_port
 
 
 @pytest.fixture(scope="module")
 def channel() -> Channel:
     """The runtime's store, as a controller serves it: exit codes come back through it."""
-    c = Channel("127.0.0.1", free_port())
+    c = Channel("127.0.0.1")
     c.serve()
     return c
 
@@ -72,7 +71,7 @@ def test_a_standby_process_dies_with_the_controller(tmp_path):
         "from tenplex.runtime.channel import Channel\n"
         "from tenplex.runtime.standby import StandbyPool\n"
         "from tenplex.util import free_port\n"
-        "channel = Channel('127.0.0.1', free_port())\n"
+        "channel = Channel('127.0.0.1')\n"
         "channel.serve()\n"
         f"log = Path({str(tmp_path / 'standby.log')!r})\n"
         "pool = StandbyPool(log, dict(os.environ), channel, die_with_parent=True)\n"

@@ -6,6 +6,7 @@ import socket
 import threading
 import time
 import traceback
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 from tenplex.util import free_port
 from tenplex.util.arena import ALIGN, Arena
-from tenplex.util.net import wait_listening
+from tenplex.util.net import LOW_PORT, wait_listening
 
 
 @given(st.lists(st.integers(0, 3 << 20), max_size=12))
@@ -121,3 +122,29 @@ def test_save_and_load_never_run_a_collection(store):
     for k, v in model.items():
         assert torch.equal(target[k], v)
     store.client().delete_job("no-collection")
+
+
+def test_free_ports_come_from_below_the_range_outgoing_connections_take():
+    """A port the kernel also gives outgoing connections could be taken before its user binds it."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = [free_port() for _ in range(50)]
+    assert all(LOW_PORT <= p < low for p in ports)
+    assert len(set(ports)) > 40  # drawn, not one port handed out again and again
+    taken = socket.create_server(("127.0.0.1", ports[0]))
+    try:
+        assert ports[0] not in {free_port() for _ in range(200)}
+    finally:
+        taken.close()
+
+
+def test_a_channel_holds_its_port_from_the_moment_its_address_is_known():
+    from tenplex.runtime.channel import Channel
+
+    channel = Channel("127.0.0.1")
+    host, _, port = channel.address.rpartition(":")
+    with pytest.raises(OSError), socket.create_server((host, int(port))):
+        pass  # nobody else can take it while torch is still being imported
+    channel.serve()
+    channel.store.set("k", "v")
+    assert channel.store.get("k") == b"v"
+    channel.close()

@@ -20,6 +20,7 @@ out at its next look (the connection breaks) instead of waiting forever.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from datetime import timedelta
@@ -87,10 +88,15 @@ def tell(address: str, key: str, code: int, tries: int = 3) -> None:
 
 class Channel:
     """The controller's end: it hosts the store. Made at once (the address goes into the ranks' spec);
-    the store itself starts in `serve`, on the thread that imports torch, and every call waits for it."""
+    the store itself starts in `serve`, on the thread that imports torch, and every call waits for it.
 
-    def __init__(self, host: str, port: int) -> None:
-        self.address = f"{host}:{port}"
+    The port is bound and listening from the start and handed to the store (`master_listen_fd`): a port
+    only found free and bound seconds later, once torch is imported, was now and then taken in between by
+    another process's connection (EADDRINUSE), and ranks that connect early wait in the backlog."""
+
+    def __init__(self, host: str) -> None:
+        self._socket: socket.socket | None = socket.create_server((host, 0), backlog=128)
+        self.address = f"{host}:{self._socket.getsockname()[1]}"
         self._store: Any = None
         self._error: str | None = None
         self._served = threading.Event()
@@ -99,13 +105,24 @@ class Channel:
         import torch.distributed as dist
 
         host, _, port = self.address.rpartition(":")
+        sock, self._socket = self._socket, None
         try:
+            if sock is None:
+                raise ValueError("it was closed before it started")
             self._store = dist.TCPStore(
-                host, int(port), is_master=True, wait_for_workers=False, timeout=timedelta(seconds=CONNECT_S)
+                host,
+                int(port),
+                is_master=True,
+                wait_for_workers=False,
+                timeout=timedelta(seconds=CONNECT_S),
+                master_listen_fd=sock.fileno(),
             )
+            sock.detach()  # the store owns the descriptor now and closes it with itself
         except (RuntimeError, ValueError) as e:
             self._error = f"the runtime's store could not start at {self.address}: {_said(e)}"
         finally:
+            if sock is not None and sock.fileno() >= 0:
+                sock.close()
             self._served.set()
 
     def close(self) -> None:

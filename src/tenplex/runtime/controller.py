@@ -18,7 +18,7 @@ from typing import Any
 
 from ..ptc import TenplexError
 from ..ptc.layout import Layout
-from ..util import env, free_port, logs
+from ..util import env, logs
 from .ahead import Ahead, StartsAhead
 from .channel import Channel
 from .chooser import ChooserError, choose
@@ -82,7 +82,7 @@ class Controller(StartsAhead):
         self.forced: Layout | None = None
         pool_size = min(MAX_STANDBY, max([e.devices or 0 for e in cfg.schedule] + [1]))
         # the signals to the ranks (stop, turn, fired, exit codes): a store served once torch is imported
-        self.channel = Channel(self.hosts.control_host, free_port(self.hosts.control_host))  # (`_warm`)
+        self.channel = Channel(self.hosts.control_host)  # (`_warm`)
         make = NamespaceLauncher if cfg.network == "netns" else Launcher
         self.launcher = make(cfg.run_dir, self.hosts, pool_size, self.channel)
         self.monitor = Monitor(

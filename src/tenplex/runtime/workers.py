@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from ..util import env
-from ..util.net import free_port
 from .channel import Channel, put
 from .record_types import Warm, WorkerFailed
 from .records import Records
@@ -45,7 +44,7 @@ class Workers:
     def __init__(self, target: list[str], nproc: int, run_id: str, run_dir: Path, records: Records) -> None:
         self.target, self.run_id, self.run_dir = target, run_id, run_dir
         self.records = records
-        self.channel = Channel("127.0.0.1", free_port())
+        self.channel = Channel("127.0.0.1")
         self.channel.serve()
         self.store = self.channel.store
         self.address = self.channel.address

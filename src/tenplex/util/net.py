@@ -2,12 +2,38 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import time
+from pathlib import Path
+
+LOW_PORT = 10000  # the lowest port handed out below the kernel's ephemeral range
+_draw = random.SystemRandom()  # not the `random` a script seeds: two seeded processes would draw alike
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on `host` now (a process group's rendezvous, a test store)."""
+    """A TCP port free on `host` now (a process group's rendezvous, a test store), which another process
+    binds seconds later.
+
+    Why below the ephemeral range: a port the kernel handed out (`bind(0)`) comes from the range it also
+    gives every outgoing connection, and on a busy host one of those took the port in between now and
+    then (EADDRINUSE). Outside it, only another caller that draws the same port in that window can."""
+    low = _ephemeral_low()
+    for _ in range(64 if low > LOW_PORT + 1000 else 0):
+        port = _draw.randrange(LOW_PORT, low)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]

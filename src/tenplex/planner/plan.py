@@ -40,6 +40,9 @@ class Fetch:
     src: int
     route: Route
 
+    def __reduce__(self) -> tuple:  # as `Box`: rank 0 of a load sends each rank its fetches
+        return Fetch, (self.tensor, self.box, self.dst, self.src, self.route)
+
 
 @dataclass(frozen=True, slots=True)
 class Move:

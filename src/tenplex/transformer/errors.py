@@ -21,6 +21,9 @@ class KeyMismatchError(StateError):
             parts.append(f"in the snapshot but not in the target: {_some(unexpected)}")
         super().__init__("; ".join(parts) + " (strict=False loads the common keys)")
 
+    def __reduce__(self) -> tuple:  # rank 0 plans a load and hands its errors to every rank, pickled
+        return (type(self), (self.missing, self.unexpected))
+
 
 class ShapeMismatchError(StateError):
     """A tensor's global shape or dtype differs between the snapshot and the target."""
@@ -53,7 +56,7 @@ class StoresLostError(StateError):
             "start over from step 0 anyway, pass --fresh (TENPLEX_FRESH=1)"
         )
 
-    def __reduce__(self) -> tuple:  # rebuilt whole on the other ranks (`world.decide` pickles it)
+    def __reduce__(self) -> tuple:
         return (type(self), (self.job, self.lost))
 
 
@@ -77,6 +80,9 @@ class UnrecoverableError(StateError):
             f"{len(boxes)} boxes of {len(names)} tensors have no surviving copy (e.g. {shown}); "
             "pass path= of a persisted snapshot to fall back to it"
         )
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (self.boxes,))
 
 
 def _some(names: list[str], n: int = 8) -> str:

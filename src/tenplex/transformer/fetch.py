@@ -89,7 +89,22 @@ def shared_remote_boxes(p: Plan, host: str, every: bool = False) -> set[tuple[st
     return out
 
 
-def routes(
+@dataclass(frozen=True, slots=True)
+class Pull:
+    """A `Read` as planned, before any store is reached: its stores by URL, so that the rank that plans
+    (rank 0 of `tenplex.load`) can hand it to the rank that reads, which makes the clients."""
+
+    fetch: Fetch
+    target: str
+    src_box: Box
+    url: str
+    peer: str | None = None
+
+    def __reduce__(self) -> tuple:  # its constructor call, as `Box`: the slotted default is slow
+        return Pull, (self.fetch, self.target, self.src_box, self.url, self.peer)
+
+
+def pulls(
     fetches: list[Fetch],
     old: PTC,
     url: str,
@@ -97,13 +112,12 @@ def routes(
     central: bool,
     shared: set[tuple[str, Any, int]],
     target_of: Callable[[Fetch], str] = attrgetter("tensor"),
-) -> list[Read]:
-    """Each fetch of this rank as a read into the target `target_of(fetch)`: from this host's store (`url`)
-    when the source is on this host, through it when the box is `shared` and not small, else from the
+) -> list[Pull]:
+    """Each fetch of the rank whose store is `url` as a read into the target `target_of(fetch)`: from `url`
+    when the source is on its host, through it when the box is `shared` and not small, else from the
     source's store; with `central`, every read goes through the first old host's store (the paper's
     Tenplex-Central)."""
-    hub: StoreClient | None = client(old.mesh.hosts[0]) if central else None
-    own = client(url)
+    hub = old.mesh.hosts[0] if central else None
     sources = {
         (n, r): piece.box
         for n in {f.tensor for f in fetches}
@@ -111,20 +125,30 @@ def routes(
         for r in piece.holders
     }
     itemsize = {n: old.tensors[n].itemsize for n in {f.tensor for f in fetches}}
-    peer = cache(client)  # one lookup per store, not per box
     out = []
     for f in fetches:
         key, src_box = target_of(f), f.box.relative_to(sources[(f.tensor, f.src)])
         src_url = old.mesh.hosts[f.src]
         if hub is not None:
-            out.append(Read(f, key, src_box, hub, None if src_url == hub.url else src_url))
+            out.append(Pull(f, key, src_box, hub, None if src_url == hub else src_url))
         elif src_url == url:
-            out.append(Read(f, key, src_box, own))
+            out.append(Pull(f, key, src_box, url))
         elif (f.tensor, f.box, f.src) in shared and f.box.volume * itemsize[f.tensor] >= RELAY_MIN_BYTES:
-            out.append(Read(f, key, src_box, own, src_url))  # into this host's store: fetched once, held
+            out.append(Pull(f, key, src_box, url, src_url))  # into this host's store: fetched once, held
         else:
-            out.append(Read(f, key, src_box, peer(src_url)))
+            out.append(Pull(f, key, src_box, src_url))
     return out
+
+
+def reads(planned: list[Pull]) -> list[Read]:
+    """The pulls as reads, through this process's clients (one lookup per store, not per box)."""
+    store = cache(client)
+    return [Read(p.fetch, p.target, p.src_box, store(p.url), p.peer) for p in planned]
+
+
+def routes(fetches: list[Fetch], old: PTC, url: str, **kw: Any) -> list[Read]:
+    """`pulls` as this rank's reads (`url`: its store)."""
+    return reads(pulls(fetches, old, url, **kw))
 
 
 def moved_bytes(fetches: list[Fetch], old: PTC, central: bool) -> dict[str, int]:

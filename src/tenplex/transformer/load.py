@@ -1,19 +1,21 @@
-"""`tenplex.load`: each rank computes its part of the plan from the chosen snapshot and pulls its boxes.
+"""`tenplex.load`: rank 0 chooses the snapshot and plans every rank's reads; each rank pulls its boxes.
 
-Orchestration only, over the three roles: the target's shards are gathered (`gathered`), one rank chooses
-the snapshot for all (`snapshot`), every rank plans (`planner`), the executor (`fetch`) moves the bytes, the
-ranks `agree` on the outcome, and `durable` takes over when memory cannot serve.
+Orchestration only, over the three roles: the target's shards are gathered to rank 0 (`gathered`), which
+chooses the snapshot (`snapshot`), plans the whole job once (`planner`) and deals each rank its reads; the
+executor (`fetch`) moves the bytes, the ranks `agree` on the outcome, and `durable` takes over when memory
+cannot serve.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from ..planner import Fetch, Plan, plan
+from ..planner import Plan, plan
 from ..ptc import PTC
 from ..util import collector, env
 from . import world
@@ -21,7 +23,7 @@ from .agree import Failed, agree, attempt
 from .breakdown import Breakdown
 from .durable import load_durable
 from .errors import KeyMismatchError, NoSnapshotError, ShapeMismatchError, StateError, UnrecoverableError
-from .fetch import HeldBoxes, drop_relays, moved_bytes, routes, shared_remote_boxes
+from .fetch import HeldBoxes, Pull, drop_relays, moved_bytes, pulls, reads, shared_remote_boxes
 from .gathered import RankShards, build_ptc, describe, merged_values, subset
 from .shards import LocalShard, local_shard
 from .snapshot import LoadInfo, Snapshot, Version, choose
@@ -63,27 +65,28 @@ def load(  # noqa: PLR0913 (the public signature, DCP-shaped: every option by ke
     run = _Load(
         state_dict, job, step, resolve(store), strict, central, path, concurrency, process_group, atomic
     )
-    target, urls, first = _describe(run, env.url_list(env.SOURCES) if sources is None else sources)
-    # newest first: one that cannot be read gives way to the one before
-    for snap in run.snapshots(urls, first):
-        with run.bd.phase("plan"):
-            p = _plan(snap, target, strict)
-        if not p.complete:  # lost stores took pieces no copy holds (a save torn by a host's death reads
-            # as complete while that host's store cannot answer): the persisted snapshot if one is named,
-            # else the snapshot before this one, unless this step was asked for
-            gone = UnrecoverableError([(t, str(b)) for t, b in p.unrecoverable])
-            if step is not None or path is not None:
-                return run.fallback("unrecoverable", gone)
-            run.skip(snap.step, f"{gone} (stores lost: {', '.join(snap.lost)})", gone)
-            continue
-        fetches = p.for_rank(world.rank(run.group))
-        failed = _read(snap, p, fetches, target, run)
+    with run.bd.phase("describe"):
+        tree = expand(run.state_dict)
+        tensors, values = flatten(tree)
+        shards = {n: local_shard(n, t) for n, t in tensors.items()}
+    mine = describe(run.url, shards, values, run.group)
+    planner = _Planner(run, env.url_list(env.SOURCES) if sources is None else sources)  # rank 0's
+    t = time.perf_counter()
+    turn, pulled = world.gather_then_deal(mine, planner.first, run.group)
+    run.bd.add("gather", time.perf_counter() - t - turn.choose_s - turn.plan_s)
+    while True:  # newest first: a snapshot that cannot be read gives way to the one before
+        run.bd.add("choose", turn.choose_s)  # rank 0's, which every rank waits for
+        run.bd.add("plan", turn.plan_s)
+        run.skipped = turn.skipped
+        if isinstance(turn, _Stop):
+            return run.fallback(turn.reason, turn.error)
+        failed = _read(turn, pulled, shards, run)
         if failed is None:
-            return _loaded(snap, p, moved_bytes(fetches, snap.view, central), target, run)
-        info = _after_failure(failed, snap, run)
+            return _loaded(turn, pulled, tree, values, run)
+        info = _after_failure(failed, turn.step, run)
         if info is not None:
             return info
-    return run.exhausted()
+        turn, pulled = world.deal(partial(planner.next, turn.step), run.group)
 
 
 @dataclass
@@ -106,34 +109,18 @@ class _Load:
         default_factory=list
     )  # snapshots that could not be read, newest first
     first_error: BaseException | None = None  # the newest one's error
-    no_more: StateError | None = None  # why no (older) snapshot could be chosen
-
-    def snapshots(self, urls: list[str], first: Snapshot | StateError) -> Iterator[Snapshot]:
-        """The newest snapshot (of `step` if asked; `first`, chosen with the target's description), then
-        each one before the last one given, chosen by one rank for all; ends, with `no_more` set, when none
-        is left in memory or the stores cannot say."""
-        snap = first
-        while True:
-            if isinstance(snap, StateError):
-                self.no_more = snap
-                return
-            yield snap
-            with self.bd.phase("choose"):
-                snap = world.decide(partial(_choose, self.job, self.step, urls, snap.step), self.group)
 
     def skip(self, step: int, why: str, error: BaseException) -> None:
         self.skipped.append({"step": step, "error": why})
         self.first_error = self.first_error or error
 
-    def exhausted(self) -> LoadInfo:
-        """No (older) snapshot to choose: the durable tier with why, else the first snapshot's error
-        (never NoSnapshotError when one was there but unreadable: a job does not start over from nothing)."""
-        assert self.no_more is not None
+    def exhausted(self, no_more: StateError) -> tuple[str, BaseException]:
+        """No (older) snapshot to choose (`no_more` says why): the reason to give the durable tier, and the
+        error to raise without one: the first snapshot's (never NoSnapshotError when one was there but
+        unreadable: a job does not start over from nothing)."""
         if self.first_error is None:
-            return self.fallback(str(self.no_more), self.no_more)
-        return self.fallback(
-            "; ".join(f"step {x['step']}: {x['error']}" for x in self.skipped), self.first_error
-        )
+            return str(no_more), no_more
+        return "; ".join(f"step {x['step']}: {x['error']}" for x in self.skipped), self.first_error
 
     def fallback(self, reason: str, error: BaseException) -> LoadInfo:
         """The persisted snapshot at `path`, else `error`; when nothing is persisted there yet, the stores'
@@ -153,38 +140,124 @@ class _Load:
 
 
 @dataclass
-class _Target:
-    """The tensors handed to `load`, as every rank described them: the target layout."""
+class _Turn:
+    """What rank 0 tells every rank to load: a snapshot, what the target takes of it and the plan's
+    figures (each rank's own reads travel beside it, `Pull`s)."""
 
-    tree: Any
-    values: dict[str, Any]
-    shards: dict[str, LocalShard]
-    layouts: list[RankShards]  # every rank's shards and values
-    wanted: dict[str, Any]  # the value names of the whole target job
-    new: PTC
+    step: int
+    save_id: str | None
+    values: dict[str, Any]  # the snapshot's plain values that some rank's target has
+    missing: list[str]
+    unexpected: list[str]
+    why: dict[str, str]  # every lost store, those a replica serves included
+    remap: dict[str, str]  # lost stores whose blobs a replica serves
+    plan_bytes: dict[str, int]
+    stores: list[str]  # every rank's store, in rank order
+    skipped: list[dict[str, Any]]  # snapshots passed over, newest first
+    choose_s: float
+    plan_s: float
 
 
-def _describe(run: _Load, sources: list[str]) -> tuple[_Target, list[str], Snapshot | StateError]:
-    """The target layout, the stores to search, and the newest snapshot (or why none): every rank's
-    shards gathered to rank 0, which chooses the snapshot for all, in one gather and one broadcast."""
-    with run.bd.phase("describe"):
-        tree = expand(run.state_dict)
-        tensors, values = flatten(tree)
-        shards = {n: local_shard(n, t) for n, t in tensors.items()}
-    mine = describe(run.url, shards, values, run.group)
+@dataclass
+class _Stop:
+    """No snapshot in the stores can serve the load: the durable tier with `reason`, else `error`."""
 
-    def choose_first(layouts: list[RankShards]) -> tuple[list[RankShards], Snapshot | StateError, float]:
-        t = time.perf_counter()
-        first = _choose(run.job, run.step, _stores(layouts, run.url, sources), None)
-        return layouts, first, time.perf_counter() - t
+    reason: str
+    error: BaseException
+    skipped: list[dict[str, Any]]
+    choose_s: float
+    plan_s: float
 
+
+class _Planner:
+    """Rank 0's part of a load: it chooses the snapshot for every rank and plans every rank's reads of it,
+    once. Why not every rank: each would plan the whole job and unpickle the whole snapshot's PTC, and
+    with many ranks on few cores that repeated work was the load's fixed cost (`benchmarks/bench_small.py`
+    at 16 ranks)."""
+
+    def __init__(self, run: _Load, sources: list[str]) -> None:
+        self.run, self.sources = run, sources
+        self.layouts: list[RankShards] = []
+        self.urls: list[str] = []
+        self.new: PTC | None = None
+        self.wanted: dict[str, Any] = {}
+        self.choose_s = self.plan_s = 0.0
+
+    def first(self, layouts: list[RankShards]) -> world.Dealt:
+        """From every rank's shards (gathered): the target layout, then the newest readable snapshot."""
+        self.layouts, self.urls = layouts, _stores(layouts, self.run.url, self.sources)
+        self.choose_s = self.plan_s = 0.0
+        with _timer(self, "plan_s"):
+            self.new, self.wanted = build_ptc(layouts), merged_values(layouts)
+        return self._turn(None)
+
+    def next(self, below: int) -> world.Dealt:
+        """The snapshot before `below`, as every rank failed to read that one."""
+        self.choose_s = self.plan_s = 0.0
+        return self._turn(below)
+
+    def _turn(self, below: int | None) -> world.Dealt:
+        run = self.run
+        while True:
+            with _timer(self, "choose_s"):
+                snap = _choose(run.job, run.step, self.urls, below)
+            if isinstance(snap, StateError):
+                return self._stop(*run.exhausted(snap))
+            with _timer(self, "plan_s"):
+                p = _plan(snap, self.new, self.wanted, run.strict)
+            if p.complete:
+                return self._deal(snap, p)
+            # lost stores took pieces no copy holds (a save torn by a host's death reads as complete while
+            # that host's store cannot answer): the persisted snapshot if one is named, else the snapshot
+            # before this one, unless this step was asked for
+            gone = UnrecoverableError([(t, str(b)) for t, b in p.unrecoverable])
+            if run.step is not None or run.path is not None:
+                return self._stop("unrecoverable", gone)
+            run.skip(snap.step, f"{gone} (stores lost: {', '.join(snap.lost)})", gone)
+            below = snap.step
+
+    def _stop(self, reason: str, error: BaseException) -> world.Dealt:
+        stop = _Stop(reason, error, list(self.run.skipped), self.choose_s, self.plan_s)
+        return stop, [None] * len(self.layouts)
+
+    def _deal(self, snap: Snapshot, p: Plan) -> world.Dealt:
+        run, new = self.run, self.new
+        assert new is not None
+        with _timer(self, "plan_s"):
+            hosts = new.mesh.hosts
+            shared = {h: shared_remote_boxes(p, h, every=run.atomic) for h in set(hosts)}
+            parts = []
+            for r, url in enumerate(hosts):
+                fetches = p.for_rank(r)
+                planned = pulls(fetches, snap.view, url, central=run.central, shared=shared[url])
+                parts.append((planned, moved_bytes(fetches, snap.view, run.central)))
+            missing, unexpected = _differences(snap.ptc, new, self.wanted)
+            s = p.stats
+        turn = _Turn(
+            snap.step,
+            snap.manifest.get("save_id"),
+            {k: v for k, v in snap.ptc.values.items() if k in self.wanted},
+            missing,
+            unexpected,
+            dict(snap.why),
+            dict(snap.remap),
+            {"kept": s.kept, "same_host": s.same_host, "relayed": s.relayed,
+             "cross_host": s.cross_host, "cross_host_lower_bound": s.cross_host_lower_bound},
+            list(hosts),
+            list(run.skipped),
+            self.choose_s,
+            self.plan_s,
+        )  # fmt: skip
+        return turn, parts
+
+
+@contextmanager
+def _timer(planner: _Planner, field_name: str) -> Iterator[None]:
     t = time.perf_counter()
-    layouts, first, choosing = world.gather_then(mine, choose_first, run.group)
-    run.bd.add("gather", time.perf_counter() - t - choosing)
-    run.bd.add("choose", choosing)  # rank 0's, which every rank waits for
-    with run.bd.phase("plan"):
-        target = _Target(tree, values, shards, layouts, merged_values(layouts), build_ptc(layouts))
-    return target, _stores(layouts, run.url, sources), first
+    try:
+        yield
+    finally:
+        setattr(planner, field_name, getattr(planner, field_name) + time.perf_counter() - t)
 
 
 def _choose(job: str, step: int | None, urls: list[str], below: int | None) -> Snapshot | StateError:
@@ -200,29 +273,26 @@ def _stores(layouts: list[RankShards], url: str, sources: list[str]) -> list[str
     return sorted({lay.store for lay in layouts} | {resolve(s) for s in sources}, key=lambda u: u != url)
 
 
-def _plan(snap: Snapshot, target: _Target, strict: bool) -> Plan:
+def _plan(snap: Snapshot, new: PTC | None, wanted: dict[str, Any], strict: bool) -> Plan:
     """The plan from the snapshot (its lost stores' ranks served by replicas) to the target, over the
     tensors both have."""
-    common = _check_keys(snap.ptc, target.new, target.wanted, strict)
-    return plan(subset(snap.view, common), subset(target.new, common), lost=snap.lost)
+    assert new is not None
+    common = _check_keys(snap.ptc, new, wanted, strict)
+    return plan(subset(snap.view, common), subset(new, common), lost=snap.lost)
 
 
-def _read(snap: Snapshot, p: Plan, fetches: list[Fetch], target: _Target, run: _Load) -> Failed | None:
+def _read(
+    turn: _Turn, pulled: tuple[list[Pull], dict[str, int]], shards: dict[str, LocalShard], run: _Load
+) -> Failed | None:
     """This rank's boxes read and verified, the ranks' outcomes agreed on, then (when every rank's boxes
     arrived) the targets written; what failed where otherwise, with nothing written."""
-    me = world.rank(run.group)
-    with run.bd.phase("plan"):
-        shared = shared_remote_boxes(p, target.new.mesh.hosts[me], every=run.atomic)
-    at = Version(run.job, snap.step, snap.manifest.get("save_id"))
-    with HeldBoxes(
-        target.shards, at, run.concurrency, run.bd, run.atomic
-    ) as held:  # let go of on any way out
-        reads = partial(routes, fetches, snap.view, run.url, central=run.central, shared=shared)
-        error = attempt(lambda: held.read(reads()))
+    at = Version(run.job, turn.step, turn.save_id)
+    with HeldBoxes(shards, at, run.concurrency, run.bd, run.atomic) as held:  # let go of on any way out
+        error = attempt(lambda: held.read(reads(pulled[0])))
         with run.bd.phase("barrier"):  # every rank's status: the wait for the slowest rank
             failed = agree(error, run.group)
         with run.bd.phase("drop_relays"):
-            drop_relays(run.job, snap.step, run.url, [lay.store for lay in target.layouts], me)
+            drop_relays(run.job, turn.step, run.url, turn.stores, world.rank(run.group))
         if failed is None:
             with run.bd.phase("write"):  # every box of every rank arrived and verified
                 held.write()
@@ -230,7 +300,7 @@ def _read(snap: Snapshot, p: Plan, fetches: list[Fetch], target: _Target, run: _
     return failed
 
 
-def _after_failure(failed: Failed, snap: Snapshot, run: _Load) -> LoadInfo | None:
+def _after_failure(failed: Failed, step: int, run: _Load) -> LoadInfo | None:
     """Nothing was written (an atomic load); every rank takes the same way out: raise (a bug, not the
     stores' fault), the durable tier (this step was asked for), or the snapshot before this one (None)."""
     error = failed.raised("load the snapshot")
@@ -241,30 +311,29 @@ def _after_failure(failed: Failed, snap: Snapshot, run: _Load) -> LoadInfo | Non
     reason = f"reading the snapshot failed on rank {failed.first.rank}: {failed.first.why}"
     if run.step is not None:  # the caller asked for this step: no other one is the answer
         return run.fallback(reason, error)
-    run.skip(snap.step, reason, error)
+    run.skip(step, reason, error)
     return None
 
 
-def _loaded(snap: Snapshot, p: Plan, moved: dict[str, int], target: _Target, run: _Load) -> LoadInfo:
+def _loaded(
+    turn: _Turn, pulled: tuple[list[Pull], dict[str, int]], tree: Any, values: dict[str, Any], run: _Load
+) -> LoadInfo:
     with run.bd.phase("restore"):
-        restore(run.state_dict, target.tree, {k: v for k, v in snap.ptc.values.items() if k in target.values})
-    missing, unexpected = _differences(snap.ptc, target.new, target.wanted)
-    s = p.stats
+        restore(run.state_dict, tree, {k: v for k, v in turn.values.items() if k in values})
     return LoadInfo(
         run.job,
-        snap.step,
+        turn.step,
         time.perf_counter() - run.started,
-        moved,
-        missing,
-        unexpected,
-        sorted(snap.why),  # every lost store, those a replica served (`replaced`) included
+        pulled[1],
+        turn.missing,
+        turn.unexpected,
+        sorted(turn.why),  # every lost store, those a replica served (`replaced`) included
         phases=run.bd.as_dict(),
-        lost_why=dict(snap.why),
-        replaced=dict(snap.remap),
+        lost_why=dict(turn.why),
+        replaced=dict(turn.remap),
         skipped=run.skipped,
-        plan_bytes={"kept": s.kept, "same_host": s.same_host, "relayed": s.relayed,
-                    "cross_host": s.cross_host, "cross_host_lower_bound": s.cross_host_lower_bound},
-    )  # fmt: skip
+        plan_bytes=turn.plan_bytes,
+    )
 
 
 def _differences(old: PTC, new: PTC, values: dict[str, Any]) -> tuple[list[str], list[str]]:

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from ..ptc import TenplexError
 from ..util.net import wait_listening
 from .errors import GroupError
 
@@ -134,11 +135,47 @@ def gather_then(obj: Any, fn: Callable[[list[Any]], T], group: Group = None, slo
         return value
 
 
+Dealt = tuple[Any, list[Any]]  # what every rank gets, and one part per rank
+
+
+def _dealt(common_and_parts: Dealt) -> tuple[Any, list[bytes]]:
+    common, parts = common_and_parts
+    return common, [pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL) for part in parts]
+
+
+def _own(reply: tuple[Any, list[bytes]], group: Group) -> tuple[Any, Any]:
+    common, parts = reply
+    return common, pickle.loads(parts[rank(group)])
+
+
+def gather_then_deal(obj: Any, fn: Callable[[list[Any]], Dealt], group: Group = None) -> tuple[Any, Any]:
+    """`gather_then` where rank 0's `fn` returns (common, one part per rank): each rank returns the common
+    answer and its own part, and unpickles no other rank's (rank 0 plans a load for all; each rank reads
+    only its reads)."""
+    return _own(gather_then(obj, lambda objs: _dealt(fn(objs)), group), group)
+
+
+def deal(fn: Callable[[], Dealt], group: Group = None) -> tuple[Any, Any]:
+    """`decide` for a `fn` that returns (common, one part per rank), as `gather_then_deal`."""
+    return _own(decide(lambda: _dealt(fn()), group), group)
+
+
 def _outcome(fn: Callable[[], Any]) -> tuple[str, Any]:
     try:
         return ("ok", fn())
     except Exception as e:  # handed to every rank, raised there
-        return ("raised", e)
+        return ("raised", _travels(e))
+
+
+def _travels(e: Exception) -> Exception:
+    """`e`, or where it cannot be rebuilt from its pickle (an `__init__` that takes other arguments than
+    its message and names no `__reduce__`), a TenplexError with its type and message: the other ranks
+    would fail unpickling it deep inside a collective instead."""
+    try:
+        pickle.loads(pickle.dumps(e, protocol=pickle.HIGHEST_PROTOCOL))
+        return e
+    except Exception:
+        return TenplexError(f"{type(e).__name__}: {e}")
 
 
 @contextmanager

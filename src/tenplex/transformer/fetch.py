@@ -89,22 +89,7 @@ def shared_remote_boxes(p: Plan, host: str, every: bool = False) -> set[tuple[st
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class Pull:
-    """A `Read` as planned, before any store is reached: its stores by URL, so that the rank that plans
-    (rank 0 of `tenplex.load`) can hand it to the rank that reads, which makes the clients."""
-
-    fetch: Fetch
-    target: str
-    src_box: Box
-    url: str
-    peer: str | None = None
-
-    def __reduce__(self) -> tuple:  # its constructor call, as `Box`: the slotted default is slow
-        return Pull, (self.fetch, self.target, self.src_box, self.url, self.peer)
-
-
-def pulls(
+def routes(
     fetches: list[Fetch],
     old: PTC,
     url: str,
@@ -112,11 +97,9 @@ def pulls(
     central: bool,
     shared: set[tuple[str, Any, int]],
     target_of: Callable[[Fetch], str] = attrgetter("tensor"),
-) -> list[Pull]:
-    """Each fetch of the rank whose store is `url` as a read into the target `target_of(fetch)`: from `url`
-    when the source is on its host, through it when the box is `shared` and not small, else from the
-    source's store; with `central`, every read goes through the first old host's store (the paper's
-    Tenplex-Central)."""
+) -> list[Read]:
+    """Each fetch of this rank as a read into the target `target_of(fetch)` (`url`: this rank's store; DCP's
+    reader, whose targets are read items)."""
     hub = old.mesh.hosts[0] if central else None
     sources = {
         (n, r): piece.box
@@ -125,37 +108,89 @@ def pulls(
         for r in piece.holders
     }
     itemsize = {n: old.tensors[n].itemsize for n in {f.tensor for f in fetches}}
+    store = cache(client)  # one lookup per store, not per box
     out = []
     for f in fetches:
-        key, src_box = target_of(f), f.box.relative_to(sources[(f.tensor, f.src)])
-        src_url = old.mesh.hosts[f.src]
-        if hub is not None:
-            out.append(Pull(f, key, src_box, hub, None if src_url == hub else src_url))
-        elif src_url == url:
-            out.append(Pull(f, key, src_box, url))
-        elif (f.tensor, f.box, f.src) in shared and f.box.volume * itemsize[f.tensor] >= RELAY_MIN_BYTES:
-            out.append(Pull(f, key, src_box, url, src_url))  # into this host's store: fetched once, held
-        else:
-            out.append(Pull(f, key, src_box, src_url))
+        relay = (f.tensor, f.box, f.src) in shared and f.box.volume * itemsize[f.tensor] >= RELAY_MIN_BYTES
+        at, peer = _source(url, old.mesh.hosts[f.src], hub, relay)
+        out.append(Read(f, target_of(f), f.box.relative_to(sources[(f.tensor, f.src)]), store(at), peer))
     return out
 
 
-def reads(planned: list[Pull]) -> list[Read]:
-    """The pulls as reads, through this process's clients (one lookup per store, not per box)."""
+def _source(url: str, src_url: str, hub: str | None, relay: bool) -> tuple[str, str | None]:
+    """The store a read asks and the peer that store relays from: this host's store (`url`) when the source
+    is on this host; through it when the box is to be relayed; else the source's store. With a `hub`, every
+    read goes through the first old host's store (the paper's Tenplex-Central)."""
+    if hub is not None:
+        return hub, None if src_url == hub else src_url
+    if src_url == url:
+        return url, None
+    return (url, src_url) if relay else (src_url, None)
+
+
+@dataclass(frozen=True, slots=True)
+class Way:
+    """A move of the plan as its new rank reads it, the same for every tensor of the move's group (they
+    share both placements): where the box lies in its source's blob, that source's store, and whether the
+    reader's host relays it (`shared_remote_boxes`)."""
+
+    box: Box
+    src: int
+    route: Route
+    src_box: Box
+    src_url: str
+    shared: bool
+
+    def __reduce__(self) -> tuple:  # its constructor call, as `Box`: the slotted default is slow
+        return Way, (self.box, self.src, self.route, self.src_box, self.src_url, self.shared)
+
+
+Ways = list[tuple[tuple[str, ...], tuple[Way, ...]]]  # one rank's part of a plan: per group, its moves
+
+
+def ways(p: Plan, old: PTC, rank: int, shared: set[tuple[str, Any, int]]) -> Ways:
+    """New rank `rank`'s part of `p`, group by group (`shared`: of its host). Why groups: a job's tensors
+    fall in a few groups, so rank 0 plans every rank's part in a few steps per group instead of a few per
+    tensor, and each rank unfolds its own (`reads_of`)."""
+    out = []
+    for g in p.groups:
+        mine = [m for m in g.moves if m.dst == rank]
+        if not mine:
+            continue
+        first = g.tensors[0]
+        held = {r: piece.box for piece in old.pieces(first) for r in piece.holders}
+        out.append((g.tensors, tuple(
+            Way(m.box, m.src, m.route, m.box.relative_to(held[m.src]), old.mesh.hosts[m.src],
+                (first, m.box, m.src) in shared)
+            for m in mine
+        )))  # fmt: skip
+    return out
+
+
+def reads_of(
+    part: Ways, rank: int, url: str, shards: dict[str, LocalShard], hub: str | None
+) -> tuple[list[Read], list[Fetch]]:
+    """This rank's part unfolded into its reads (`url`: its store; `hub`: Tenplex-Central's) and its
+    fetches; a box's size, which decides a relay, from the target, whose dtype is the snapshot's."""
     store = cache(client)
-    return [Read(p.fetch, p.target, p.src_box, store(p.url), p.peer) for p in planned]
+    out, fetches = [], []
+    for tensors, moves in part:
+        for t in tensors:
+            size = np.dtype(NUMPY_DTYPE[shards[t].dtype]).itemsize
+            for w in moves:
+                f = Fetch(t, w.box, rank, w.src, w.route)
+                at, peer = _source(url, w.src_url, hub, w.shared and w.box.volume * size >= RELAY_MIN_BYTES)
+                out.append(Read(f, t, w.src_box, store(at), peer))
+                fetches.append(f)
+    return out, fetches
 
 
-def routes(fetches: list[Fetch], old: PTC, url: str, **kw: Any) -> list[Read]:
-    """`pulls` as this rank's reads (`url`: its store)."""
-    return reads(pulls(fetches, old, url, **kw))
-
-
-def moved_bytes(fetches: list[Fetch], old: PTC, central: bool) -> dict[str, int]:
+def moved_bytes(fetches: list[Fetch], shards: dict[str, LocalShard], central: bool) -> dict[str, int]:
     """The bytes this rank's fetches move, by the plan's route (all under "central" with `central`)."""
     moved: dict[str, int] = {"central": 0} if central else {r.value: 0 for r in Route}
+    size = {n: np.dtype(NUMPY_DTYPE[shards[n].dtype]).itemsize for n in {f.tensor for f in fetches}}
     for f in fetches:
-        moved["central" if central else f.route.value] += f.box.volume * old.tensors[f.tensor].itemsize
+        moved["central" if central else f.route.value] += f.box.volume * size[f.tensor]
     return moved
 
 

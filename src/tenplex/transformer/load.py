@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from ..planner import Plan, plan
+from ..planner import Fetch, Plan, plan
 from ..ptc import PTC
 from ..util import collector, env
 from . import world
@@ -23,7 +23,7 @@ from .agree import Failed, agree, attempt
 from .breakdown import Breakdown
 from .durable import load_durable
 from .errors import KeyMismatchError, NoSnapshotError, ShapeMismatchError, StateError, UnrecoverableError
-from .fetch import HeldBoxes, Pull, drop_relays, moved_bytes, pulls, reads, shared_remote_boxes
+from .fetch import HeldBoxes, Ways, drop_relays, moved_bytes, reads_of, shared_remote_boxes, ways
 from .gathered import RankShards, build_ptc, describe, merged_values, subset
 from .shards import LocalShard, local_shard
 from .snapshot import LoadInfo, Snapshot, Version, choose
@@ -72,7 +72,7 @@ def load(  # noqa: PLR0913 (the public signature, DCP-shaped: every option by ke
     mine = describe(run.url, shards, values, run.group)
     planner = _Planner(run, env.url_list(env.SOURCES) if sources is None else sources)  # rank 0's
     t = time.perf_counter()
-    turn, pulled = world.gather_then_deal(mine, planner.first, run.group)
+    turn, part = world.gather_then_deal(mine, planner.first, run.group)
     run.bd.add("gather", time.perf_counter() - t - turn.choose_s - turn.plan_s)
     while True:  # newest first: a snapshot that cannot be read gives way to the one before
         run.bd.add("choose", turn.choose_s)  # rank 0's, which every rank waits for
@@ -80,13 +80,13 @@ def load(  # noqa: PLR0913 (the public signature, DCP-shaped: every option by ke
         run.skipped = turn.skipped
         if isinstance(turn, _Stop):
             return run.fallback(turn.reason, turn.error)
-        failed = _read(turn, pulled, shards, run)
+        failed, moved = _read(turn, part, shards, run)
         if failed is None:
-            return _loaded(turn, pulled, tree, values, run)
+            return _loaded(turn, moved, tree, values, run)
         info = _after_failure(failed, turn.step, run)
         if info is not None:
             return info
-        turn, pulled = world.deal(partial(planner.next, turn.step), run.group)
+        turn, part = world.deal(partial(planner.next, turn.step), run.group)
 
 
 @dataclass
@@ -142,7 +142,7 @@ class _Load:
 @dataclass
 class _Turn:
     """What rank 0 tells every rank to load: a snapshot, what the target takes of it and the plan's
-    figures (each rank's own reads travel beside it, `Pull`s)."""
+    figures (each rank's own part of the plan travels beside it, `fetch.ways`)."""
 
     step: int
     save_id: str | None
@@ -153,6 +153,7 @@ class _Turn:
     remap: dict[str, str]  # lost stores whose blobs a replica serves
     plan_bytes: dict[str, int]
     stores: list[str]  # every rank's store, in rank order
+    hub: str | None  # central: the store every read goes through
     skipped: list[dict[str, Any]]  # snapshots passed over, newest first
     choose_s: float
     plan_s: float
@@ -226,11 +227,7 @@ class _Planner:
         with _timer(self, "plan_s"):
             hosts = new.mesh.hosts
             shared = {h: shared_remote_boxes(p, h, every=run.atomic) for h in set(hosts)}
-            parts = []
-            for r, url in enumerate(hosts):
-                fetches = p.for_rank(r)
-                planned = pulls(fetches, snap.view, url, central=run.central, shared=shared[url])
-                parts.append((planned, moved_bytes(fetches, snap.view, run.central)))
+            parts = [ways(p, snap.view, r, shared[url]) for r, url in enumerate(hosts)]
             missing, unexpected = _differences(snap.ptc, new, self.wanted)
             s = p.stats
         turn = _Turn(
@@ -244,6 +241,7 @@ class _Planner:
             {"kept": s.kept, "same_host": s.same_host, "relayed": s.relayed,
              "cross_host": s.cross_host, "cross_host_lower_bound": s.cross_host_lower_bound},
             list(hosts),
+            snap.view.mesh.hosts[0] if run.central else None,
             list(run.skipped),
             self.choose_s,
             self.plan_s,
@@ -281,23 +279,28 @@ def _plan(snap: Snapshot, new: PTC | None, wanted: dict[str, Any], strict: bool)
     return plan(subset(snap.view, common), subset(new, common), lost=snap.lost)
 
 
-def _read(
-    turn: _Turn, pulled: tuple[list[Pull], dict[str, int]], shards: dict[str, LocalShard], run: _Load
-) -> Failed | None:
+def _read(turn: _Turn, part: Ways, shards: dict[str, LocalShard], run: _Load) -> tuple[Failed | None, dict]:
     """This rank's boxes read and verified, the ranks' outcomes agreed on, then (when every rank's boxes
-    arrived) the targets written; what failed where otherwise, with nothing written."""
-    at = Version(run.job, turn.step, turn.save_id)
+    arrived) the targets written; what failed where otherwise, with nothing written; and the bytes moved."""
+    at, me = Version(run.job, turn.step, turn.save_id), world.rank(run.group)
+    fetched: list[Fetch] = []
+
+    def read() -> None:
+        rs, fs = reads_of(part, me, run.url, shards, turn.hub)
+        fetched.extend(fs)
+        held.read(rs)
+
     with HeldBoxes(shards, at, run.concurrency, run.bd, run.atomic) as held:  # let go of on any way out
-        error = attempt(lambda: held.read(reads(pulled[0])))
+        error = attempt(read)
         with run.bd.phase("barrier"):  # every rank's status: the wait for the slowest rank
             failed = agree(error, run.group)
         with run.bd.phase("drop_relays"):
-            drop_relays(run.job, turn.step, run.url, turn.stores, world.rank(run.group))
+            drop_relays(run.job, turn.step, run.url, turn.stores, me)
         if failed is None:
             with run.bd.phase("write"):  # every box of every rank arrived and verified
                 held.write()
                 held.release()
-    return failed
+    return failed, moved_bytes(fetched, shards, run.central)
 
 
 def _after_failure(failed: Failed, step: int, run: _Load) -> LoadInfo | None:
@@ -315,16 +318,14 @@ def _after_failure(failed: Failed, step: int, run: _Load) -> LoadInfo | None:
     return None
 
 
-def _loaded(
-    turn: _Turn, pulled: tuple[list[Pull], dict[str, int]], tree: Any, values: dict[str, Any], run: _Load
-) -> LoadInfo:
+def _loaded(turn: _Turn, moved: dict[str, int], tree: Any, values: dict[str, Any], run: _Load) -> LoadInfo:
     with run.bd.phase("restore"):
         restore(run.state_dict, tree, {k: v for k, v in turn.values.items() if k in values})
     return LoadInfo(
         run.job,
         turn.step,
         time.perf_counter() - run.started,
-        pulled[1],
+        moved,
         turn.missing,
         turn.unexpected,
         sorted(turn.why),  # every lost store, those a replica served (`replaced`) included

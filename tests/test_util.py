@@ -148,3 +148,32 @@ def test_a_channel_holds_its_port_from_the_moment_its_address_is_known():
     channel.store.set("k", "v")
     assert channel.store.get("k") == b"v"
     channel.close()
+
+
+def test_each_asks_every_store_at_once_and_keeps_their_order():
+    from tenplex.util.parallel import each
+
+    met = threading.Barrier(4, timeout=10)  # broken unless all four calls run at the same time
+
+    def ask(i: int) -> int:
+        met.wait()
+        return i * i
+
+    assert each(ask, range(4)) == [0, 1, 4, 9]
+
+
+def test_each_raises_the_first_error_once_every_call_ended():
+    from tenplex.util.parallel import each
+
+    ended = []
+
+    def ask(i: int) -> int:
+        if i in (1, 2):
+            raise ValueError(f"store {i} failed")
+        time.sleep(0.05)
+        ended.append(i)
+        return i
+
+    with pytest.raises(ValueError, match="store 1 failed"):
+        each(ask, range(4))
+    assert sorted(ended) == [0, 3]

@@ -17,6 +17,7 @@ from ..ptc import PTC, Mesh
 from ..ptc import values as value_codec
 from ..store import AuthError, StoreError, StoreUnavailable
 from ..util import env
+from ..util.parallel import each
 from . import jobrecord
 from .errors import NoSnapshotError, StateError, StoresLostError
 from .gathered import blob_name
@@ -133,6 +134,7 @@ def choose(
     rec = answers.record  # the stores of the job's newest save are searched wherever it moved since
     urls = list(urls) + sorted(set(rec.stores) - set(urls)) if rec is not None else urls
     try:
+        answers.ask(urls)
         found, manifest = _newest(job, step, urls, below, answers)
         snap = Snapshot(found, manifest)
         if check:
@@ -178,19 +180,26 @@ class Answers(dict[str, Answer]):
         self.record = jobrecord.read(job)  # read once per choice, like each store's answer
 
     def __missing__(self, url: str) -> Answer:
+        self[url] = self._ask(url)
+        return self[url]
+
+    def ask(self, urls: list[str]) -> None:
+        """Every store in `urls` not asked yet, all at once (one round trip's wait, not one per store)."""
+        todo = [u for u in dict.fromkeys(urls) if u not in self]
+        for u, answer in zip(todo, each(self._ask, todo)):
+            self[u] = answer
+
+    def _ask(self, url: str) -> Answer:
         if url in env.url_list(env.LOST):  # its host is gone: asking would only wait for silence
-            self[url] = Answer(None, why="unreachable: its host was lost (the runtime said so)")
-            return self[url]
+            return Answer(None, why="unreachable: its host was lost (the runtime said so)")
         c = client(url)
         try:  # the listing first, then the incarnation: a restart in between shows as a new incarnation
             ids = c.committed_saves(self.job)
-            answer = Answer(ids, c.health().get("incarnation"))
+            return Answer(ids, c.health().get("incarnation"))
         except AuthError as e:
-            answer = Answer(None, why=f"unproven: {e}")
+            return Answer(None, why=f"unproven: {e}")
         except StoreUnavailable as e:
-            answer = Answer(None, why=f"unreachable: {e}")
-        self[url] = answer
-        return answer
+            return Answer(None, why=f"unreachable: {e}")
 
     def lost(self, url: str, incarnation: str | None, since: str = "the save") -> str | None:
         """Why `url` cannot answer for what its `incarnation` held (None: it can): it does not answer, or
@@ -299,9 +308,10 @@ def check_blobs(view: PTC, job: str, step: int, lost: set[str], save_id: str | N
         if host not in lost:
             for s in view.shards(r):
                 expected[host][blob_name(r, s.tensor)] = (list(s.box.shape), view.tensors[s.tensor].dtype)
-    for url, blobs in sorted(expected.items()):
-        listing = {b["name"]: b for b in client(url).blobs(job, step, save_id)}
-        for name, (shape, dtype) in sorted(blobs.items()):
+    urls = sorted(expected)
+    for url, listed in zip(urls, each(lambda u: client(u).blobs(job, step, save_id), urls)):
+        listing = {b["name"]: b for b in listed}
+        for name, (shape, dtype) in sorted(expected[url].items()):
             b = listing.get(name)
             if b is None:
                 raise StateError(f"store {url} lacks blob {name!r} of {job!r} at step {step}")

@@ -213,12 +213,13 @@ class Corrupter(threading.Thread):
     """Flips a byte (`flip_byte`) in every version of `job` from step `first` on as it commits in the store
     at `url`, until the timeline shows the recovery (the failed phase's ranks are gone by then: none of
     its versions commits later), then looks once more and stops. `flipped`: step -> what was flipped;
-    `seen`: the committed steps at the end."""
+    `when`: step -> the time its flip was done; `seen`: the committed steps at the end."""
 
     def __init__(self, url: str, job: str, first: int, run_dir: Path, r: random.Random) -> None:
         super().__init__(daemon=True)
         self.url, self.job, self.first, self.run_dir, self.r = url, job, first, run_dir, r
         self.flipped: dict[int, str] = {}
+        self.when: dict[int, float] = {}
         self.seen: list[int] = []
         self.error: BaseException | None = None
 
@@ -234,6 +235,7 @@ class Corrupter(threading.Thread):
                     if s >= self.first and s not in self.flipped:
                         try:
                             self.flipped[s] = flip_byte(self.url, self.job, s, self.r)
+                            self.when[s] = time.time()
                         except NotFoundError:  # deleted since (the job keeps its newest three)
                             self.seen.remove(s)
                 if last:

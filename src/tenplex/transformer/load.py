@@ -9,8 +9,6 @@ cannot serve.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -73,10 +71,10 @@ def load(  # noqa: PLR0913 (the public signature, DCP-shaped: every option by ke
     planner = _Planner(run, env.url_list(env.SOURCES) if sources is None else sources)  # rank 0's
     t = time.perf_counter()
     turn, part = world.gather_then_deal(mine, planner.first, run.group)
-    run.bd.add("gather", time.perf_counter() - t - turn.choose_s - turn.plan_s)
+    run.bd.add("gather", time.perf_counter() - t - sum(turn.spent.values()))
     while True:  # newest first: a snapshot that cannot be read gives way to the one before
-        run.bd.add("choose", turn.choose_s)  # rank 0's, which every rank waits for
-        run.bd.add("plan", turn.plan_s)
+        for name, seconds in turn.spent.items():  # rank 0's choice and plan, which every rank waits for
+            run.bd.add(name, seconds)
         run.skipped = turn.skipped
         if isinstance(turn, _Stop):
             return run.fallback(turn.reason, turn.error)
@@ -155,8 +153,7 @@ class _Turn:
     stores: list[str]  # every rank's store, in rank order
     hub: str | None  # central: the store every read goes through
     skipped: list[dict[str, Any]]  # snapshots passed over, newest first
-    choose_s: float
-    plan_s: float
+    spent: dict[str, float]  # rank 0's seconds choosing and planning this turn
 
 
 @dataclass
@@ -166,8 +163,7 @@ class _Stop:
     reason: str
     error: BaseException
     skipped: list[dict[str, Any]]
-    choose_s: float
-    plan_s: float
+    spent: dict[str, float]
 
 
 class _Planner:
@@ -182,29 +178,29 @@ class _Planner:
         self.urls: list[str] = []
         self.new: PTC | None = None
         self.wanted: dict[str, Any] = {}
-        self.choose_s = self.plan_s = 0.0
+        self.spent = Breakdown()  # this turn's
 
     def first(self, layouts: list[RankShards]) -> world.Dealt:
         """From every rank's shards (gathered): the target layout, then the newest readable snapshot."""
         self.layouts, self.urls = layouts, _stores(layouts, self.run.url, self.sources)
-        self.choose_s = self.plan_s = 0.0
-        with _timer(self, "plan_s"):
+        self.spent = Breakdown()
+        with self.spent.phase("plan"):
             self.new, self.wanted = build_ptc(layouts), merged_values(layouts)
         return self._turn(None)
 
     def next(self, below: int) -> world.Dealt:
         """The snapshot before `below`, as every rank failed to read that one."""
-        self.choose_s = self.plan_s = 0.0
+        self.spent = Breakdown()
         return self._turn(below)
 
     def _turn(self, below: int | None) -> world.Dealt:
         run = self.run
         while True:
-            with _timer(self, "choose_s"):
+            with self.spent.phase("choose"):
                 snap = _choose(run.job, run.step, self.urls, below)
             if isinstance(snap, StateError):
                 return self._stop(*run.exhausted(snap))
-            with _timer(self, "plan_s"):
+            with self.spent.phase("plan"):
                 p = _plan(snap, self.new, self.wanted, run.strict)
             if p.complete:
                 return self._deal(snap, p)
@@ -218,13 +214,13 @@ class _Planner:
             below = snap.step
 
     def _stop(self, reason: str, error: BaseException) -> world.Dealt:
-        stop = _Stop(reason, error, list(self.run.skipped), self.choose_s, self.plan_s)
+        stop = _Stop(reason, error, list(self.run.skipped), self.spent.as_dict())
         return stop, [None] * len(self.layouts)
 
     def _deal(self, snap: Snapshot, p: Plan) -> world.Dealt:
         run, new = self.run, self.new
         assert new is not None
-        with _timer(self, "plan_s"):
+        with self.spent.phase("plan"):
             hosts = new.mesh.hosts
             shared = {h: shared_remote_boxes(p, h, every=run.atomic) for h in set(hosts)}
             parts = [ways(p, snap.view, r, shared[url]) for r, url in enumerate(hosts)]
@@ -243,19 +239,9 @@ class _Planner:
             list(hosts),
             snap.view.mesh.hosts[0] if run.central else None,
             list(run.skipped),
-            self.choose_s,
-            self.plan_s,
+            self.spent.as_dict(),
         )  # fmt: skip
         return turn, parts
-
-
-@contextmanager
-def _timer(planner: _Planner, field_name: str) -> Iterator[None]:
-    t = time.perf_counter()
-    try:
-        yield
-    finally:
-        setattr(planner, field_name, getattr(planner, field_name) + time.perf_counter() - t)
 
 
 def _choose(job: str, step: int | None, urls: list[str], below: int | None) -> Snapshot | StateError:

@@ -127,6 +127,8 @@ def test_save_and_load_never_run_a_collection(store):
 def test_free_ports_come_from_below_the_range_outgoing_connections_take():
     """A port the kernel also gives outgoing connections could be taken before its user binds it."""
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    if low <= LOW_PORT + 1000:
+        pytest.skip(f"this kernel's ephemeral range starts at {low}: free_port falls back to bind(0)")
     ports = [free_port() for _ in range(50)]
     assert all(LOW_PORT <= p < low for p in ports)
     assert len(set(ports)) > 40  # drawn, not one port handed out again and again

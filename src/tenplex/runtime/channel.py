@@ -106,9 +106,8 @@ class Channel:
 
         host, _, port = self.address.rpartition(":")
         sock, self._socket = self._socket, None
+        assert sock is not None, "a channel serves once"
         try:
-            if sock is None:
-                raise ValueError("it was closed before it started")
             self._store = dist.TCPStore(
                 host,
                 int(port),
@@ -121,7 +120,7 @@ class Channel:
         except (RuntimeError, ValueError) as e:
             self._error = f"the runtime's store could not start at {self.address}: {_said(e)}"
         finally:
-            if sock is not None and sock.fileno() >= 0:
+            if sock.fileno() >= 0:  # the store did not take it
                 sock.close()
             self._served.set()
 

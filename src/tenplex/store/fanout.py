@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..ptc import Box
+from ..util.parallel import each
 from .relay_client import RELAY_BATCH
 from .same_host import Held
 
@@ -109,14 +109,4 @@ def _relay_batches(
 def _all(calls: list[Callable[[], None]], concurrency: int) -> None:
     """Run every call, at most `concurrency` at once; then raise the first error (all have ended by then,
     so no call still writes into a caller's array)."""
-    if not calls:
-        return
-    if len(calls) == 1:  # no thread to start and join: what a small load's one request mostly cost
-        calls[0]()
-        return
-    with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(calls)))) as pool:
-        futures = [pool.submit(call) for call in calls]
-        errors = [f.exception() for f in futures]
-    for e in errors:
-        if e is not None:
-            raise e
+    each(lambda call: call(), calls, max(1, concurrency))

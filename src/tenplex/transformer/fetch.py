@@ -9,7 +9,6 @@ read, with no hop through this host's store.
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cache, partial
@@ -22,8 +21,8 @@ import torch
 from ..planner import Fetch, Plan, Route
 from ..ptc import PTC, Box
 from ..store import Held, MemoryLimitError, StoreClient, StoreError, hold_relayed_many, read_many, relay_many
-from ..store.keys import NUMPY_DTYPE
 from ..util.arena import Arena
+from ..util.parallel import each
 from .breakdown import Breakdown
 from .errors import StateError
 from .gathered import blob_name
@@ -167,30 +166,26 @@ def ways(p: Plan, old: PTC, rank: int, shared: set[tuple[str, Any, int]]) -> Way
     return out
 
 
-def reads_of(
-    part: Ways, rank: int, url: str, shards: dict[str, LocalShard], hub: str | None
-) -> tuple[list[Read], list[Fetch]]:
-    """This rank's part unfolded into its reads (`url`: its store; `hub`: Tenplex-Central's) and its
-    fetches; a box's size, which decides a relay, from the target, whose dtype is the snapshot's."""
+def reads_of(part: Ways, rank: int, url: str, shards: dict[str, LocalShard], hub: str | None) -> list[Read]:
+    """This rank's part unfolded into its reads (`url`: its store; `hub`: Tenplex-Central's); a box's size,
+    which decides a relay, from the target, whose dtype is the snapshot's."""
     store = cache(client)
-    out, fetches = [], []
+    out = []
     for tensors, moves in part:
         for t in tensors:
-            size = np.dtype(NUMPY_DTYPE[shards[t].dtype]).itemsize
+            size = shards[t].array_dtype.itemsize
             for w in moves:
                 f = Fetch(t, w.box, rank, w.src, w.route)
                 at, peer = _source(url, w.src_url, hub, w.shared and w.box.volume * size >= RELAY_MIN_BYTES)
                 out.append(Read(f, t, w.src_box, store(at), peer))
-                fetches.append(f)
-    return out, fetches
+    return out
 
 
 def moved_bytes(fetches: list[Fetch], shards: dict[str, LocalShard], central: bool) -> dict[str, int]:
     """The bytes this rank's fetches move, by the plan's route (all under "central" with `central`)."""
     moved: dict[str, int] = {"central": 0} if central else {r.value: 0 for r in Route}
-    size = {n: np.dtype(NUMPY_DTYPE[shards[n].dtype]).itemsize for n in {f.tensor for f in fetches}}
     for f in fetches:
-        moved["central" if central else f.route.value] += f.box.volume * size[f.tensor]
+        moved["central" if central else f.route.value] += f.box.volume * shards[f.tensor].array_dtype.itemsize
     return moved
 
 
@@ -252,13 +247,8 @@ class HeldBoxes:
                  ("network_reads", into.network, partial(self._read, into.network))]  # fmt: skip
         todo = [(kind, fn) for kind, work, fn in kinds if work]
         try:
-            with self.bd.phase("reads"):
-                if len(todo) == 1:  # one kind of read: in this thread (no pool to start and join)
-                    _timed(self.bd, *todo[0])
-                else:
-                    with ThreadPoolExecutor(max_workers=3) as pool:
-                        for fut in [pool.submit(_timed, self.bd, kind, fn) for kind, fn in todo]:
-                            fut.result()
+            with self.bd.phase("reads"):  # the kinds at once (one kind: in this thread)
+                each(lambda kind_fn: _timed(self.bd, *kind_fn), todo)
         except StoreError as e:
             self.release()
             raise StateError(f"loading the snapshot of {self.at.job!r} at step {self.at.step}: {e}") from e
@@ -296,7 +286,7 @@ class HeldBoxes:
         runs = [_contiguous(rel, shards[r.target].box.shape) for r, rel in zip(pulled, rels)]
         whole = sorted({r.target for r, run in zip(pulled, runs) if run})
         direct = set() if self.atomic else {n for n in whole if host_resident(shards[n].local)}
-        dtypes = {n: np.dtype(NUMPY_DTYPE[shards[n].dtype]) for n in {r.target for r in pulled}}
+        dtypes = {n: shards[n].array_dtype for n in {r.target for r in pulled}}
         apart = [rel.volume * dtypes[r.target].itemsize for r, rel, run in zip(pulled, rels, runs) if not run]
         arena = Arena(Arena.size_of([shards[n].local.nbytes for n in whole if n not in direct] + apart))
         self._staged = {
@@ -353,7 +343,7 @@ def _into_scratch(
 ) -> list[tuple[StoreClient, str, int, str, Box, np.ndarray]]:
     """Direct reads from the peers of boxes meant to be relayed, each into a scratch buffer of its own
     (added to `apart`, which the write copies into the targets)."""
-    dtype = {n: np.dtype(NUMPY_DTYPE[shards[n].dtype]) for n in {r.target for r in relayed}}
+    dtype = {n: shards[n].array_dtype for n in {r.target for r in relayed}}
     arena = Arena(Arena.size_of([r.fetch.box.volume * dtype[r.target].itemsize for r in relayed]))
     reads = []
     for r in relayed:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from ..planner import Fetch, Plan, plan
+from ..planner import Plan, plan
 from ..ptc import PTC
 from ..util import collector, env
 from . import world
@@ -21,7 +21,7 @@ from .agree import Failed, agree, attempt
 from .breakdown import Breakdown
 from .durable import load_durable
 from .errors import KeyMismatchError, NoSnapshotError, ShapeMismatchError, StateError, UnrecoverableError
-from .fetch import HeldBoxes, Ways, drop_relays, moved_bytes, reads_of, shared_remote_boxes, ways
+from .fetch import HeldBoxes, Read, Ways, drop_relays, moved_bytes, reads_of, shared_remote_boxes, ways
 from .gathered import RankShards, build_ptc, describe, merged_values, subset
 from .shards import LocalShard, local_shard
 from .snapshot import LoadInfo, Snapshot, Version, choose
@@ -269,12 +269,11 @@ def _read(turn: _Turn, part: Ways, shards: dict[str, LocalShard], run: _Load) ->
     """This rank's boxes read and verified, the ranks' outcomes agreed on, then (when every rank's boxes
     arrived) the targets written; what failed where otherwise, with nothing written; and the bytes moved."""
     at, me = Version(run.job, turn.step, turn.save_id), world.rank(run.group)
-    fetched: list[Fetch] = []
+    reads: list[Read] = []
 
     def read() -> None:
-        rs, fs = reads_of(part, me, run.url, shards, turn.hub)
-        fetched.extend(fs)
-        held.read(rs)
+        reads.extend(reads_of(part, me, run.url, shards, turn.hub))
+        held.read(reads)
 
     with HeldBoxes(shards, at, run.concurrency, run.bd, run.atomic) as held:  # let go of on any way out
         error = attempt(read)
@@ -286,7 +285,7 @@ def _read(turn: _Turn, part: Ways, shards: dict[str, LocalShard], run: _Load) ->
             with run.bd.phase("write"):  # every box of every rank arrived and verified
                 held.write()
                 held.release()
-    return failed, moved_bytes(fetched, shards, run.central)
+    return failed, moved_bytes([r.fetch for r in reads], shards, run.central)
 
 
 def _after_failure(failed: Failed, step: int, run: _Load) -> LoadInfo | None:

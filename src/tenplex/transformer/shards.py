@@ -42,6 +42,11 @@ class LocalShard:
     def describe(self) -> tuple[tuple[int, ...], str, tuple[tuple[int, ...], tuple[int, ...]]]:
         return self.shape, self.dtype, (self.box.start, self.box.stop)
 
+    @property
+    def array_dtype(self) -> np.dtype:
+        """The dtype its bytes have in the stores and in scratch arrays (bfloat16: uint16)."""
+        return NUMPY_DTYPE[self.dtype]
+
 
 def stored_dtype(name: str, dtype: torch.dtype) -> str:
     """The PTC's name of a tensor's dtype; the one error for a dtype the stores cannot hold."""

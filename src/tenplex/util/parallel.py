@@ -15,7 +15,7 @@ def each(fn: Callable[[T], R], items: Iterable[T], limit: int = 32) -> list[R]:
     have ended. Why: each call is a round trip to another store (on other hosts, a network's), so asked in
     turn they cost the sum of the round trips, asked at once the longest one."""
     todo = list(items)
-    if len(todo) <= 1:  # no thread to start and join
+    if len(todo) <= 1:  # no thread to start and join: what a small load's one request mostly cost
         return [fn(x) for x in todo]
     with ThreadPoolExecutor(max_workers=min(limit, len(todo))) as pool:
         futures = [pool.submit(fn, x) for x in todo]

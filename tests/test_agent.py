@@ -139,35 +139,50 @@ def _trained_in(out: Path, layout: str) -> int:
     return sum(len(r["steps"]) for r in rounds(out) if r["ready"] and r["ready"]["layout"] == layout)
 
 
+def _rounds_ready(out: Path) -> int:
+    return sum(bool(r["ready"]) for r in rounds(out))
+
+
+# the steps the changes are asked for, the last a stop: each ask comes 25 steps (7.5 s) ahead, once the round
+# before it loaded (the command's start-up, a torch import, and the agent's look fit on a loaded machine)
+AT = (25, 50, 75, 100)
+
+
 def test_a_hosts_devices_and_the_layout_change_while_it_stays(tmp_path, static) -> None:
-    """`tenplex devices` and `tenplex layout`, each a change without a change of the job's hosts: one
-    host's devices go 0,1 -> 0,1,2,3 (two added), the layout is asked for at the same world (dp2-tp2 ->
-    dp1-tp2-pp2), then the devices go to 1,3 (two removed, as when a device fails; the asked layout does
-    not fit 2 ranks, so the table's is taken). Each change waits for a step boundary; the workers of the
+    """`tenplex devices` and `tenplex layout`, each a change without a change of the job's hosts, each at
+    the step it names (`--at-step`): one host's devices go 0,1 -> 0,1,2,3 (two added), the layout is asked
+    for at the same world (dp2-tp2 -> dp1-tp2-pp2), then the devices go to 1,3 (two removed, as when a
+    device fails; the asked layout does not fit 2 ranks, so the table's is taken), then `tenplex stop`.
+    Each round ends exactly at the step asked for and the next loads that step; the workers of the
     devices that stay are the same processes throughout (a removed device's worker ends, an added one's
-    is forked while the old round saves); the losses equal the static run's, every sample is used once."""
+    is forked while the old round still trains); the losses equal the static run's, every sample is used
+    once."""
     hosts = Hosts(tmp_path)
-    job = AgentJob(hosts, "devs", _target(tmp_path, "devs", 0.2), nodes="1")
+    job = AgentJob(hosts, "devs", _target(tmp_path, "devs", 0.3), nodes="1")
     out = tmp_path / "out"
     rdzv = ["--rdzv-endpoint", job.endpoint, "--rdzv-id", "devs"]
+
+    def ask(at: int, *args: str) -> None:
+        done = _cli(hosts, *args, *rdzv, "--at-step", str(at))
+        assert done.returncode == 0 and f"after step {at}" in done.stdout, done.stdout + done.stderr
+
     try:
         a = job.start("A")
-        job.wait("2 devices", lambda: trained(out, 2) >= 4)
         url = job.store_url("A")
+        asks = (["devices", url, "0,1,2,3"], ["layout", "tp=2,pp=2"], ["devices", url, "1,3"], ["stop"])
+        for n, (at, args) in enumerate(zip(AT, asks, strict=True), 1):
+            job.wait(f"round {n}", lambda n=n: _rounds_ready(out) >= n)
+            ask(at, *args)
+            if at == AT[1]:  # the round of 4 devices trains on until step 60
+                status = json.loads(_cli(hosts, "status", *rdzv, "--json").stdout)
+                assert status["at_step"] == at and status["agents"][0]["devices"] == [0, 1, 2, 3], status
         for args, words in ((["http://nowhere:1", "0"], "no agent at"), ([url, "0,0"], "named twice"),
-                            ([url, "1,x"], "device indices")):  # fmt: skip
+                            ([url, "1,x"], "device indices"),
+                            ([url, "0", "--at-step", "-1"], "non-negative")):  # fmt: skip
             bad = _cli(hosts, "devices", *args, *rdzv)
             assert bad.returncode == 2 and words in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
-        grown = _cli(hosts, "devices", url, "0,1,2,3", *rdzv)
-        assert grown.returncode == 0, grown.stderr
-        job.wait("4 devices", lambda: trained(out, 4) >= 3)
-        status = _cli(hosts, "status", *rdzv, "--json")
-        assert json.loads(status.stdout)["agents"][0]["devices"] == [0, 1, 2, 3], status.stdout
         bad = _cli(hosts, "layout", "dp=x", *rdzv)
         assert bad.returncode == 2 and "malformed layout" in bad.stderr, bad.stderr
-        assert _cli(hosts, "layout", "tp=2,pp=2", *rdzv).returncode == 0
-        job.wait("dp1-tp2-pp2", lambda: _trained_in(out, "dp1-tp2-pp2") >= 3)
-        assert _cli(hosts, "devices", url, "1,3", *rdzv).returncode == 0
         assert a.wait(150) == 0, (tmp_path / "agent-A.log").read_text()[-4000:]
     finally:
         job.close()
@@ -176,15 +191,21 @@ def test_a_hosts_devices_and_the_layout_change_while_it_stays(tmp_path, static) 
     labels = [r["ready"]["layout"] for r in rs]
     assert labels == ["dp1-tp1-pp2", "dp2-tp2-pp1", "dp1-tp2-pp2", "dp1-tp1-pp2"], labels
     assert [r["start"]["kind"] for r in rs] == ["fresh", "loaded", "loaded", "loaded"]
+    # each change landed at the step asked for: the round trained to it, and the next loaded it
+    assert [r["steps"][-1]["step"] for r in rs] == list(AT), [r["steps"][-1] for r in rs]
+    assert [r["start"]["step"] for r in rs[1:]] == list(AT[:-1])
+    changes = [r for r in _records(tmp_path / "A") if r["kind"] == "change"]
+    assert [c["at"] for c in changes] == list(AT[:-1]), changes
+    assert _records(tmp_path / "A")[-1]["why"] == "stop"
     one, two, three, four = (r["ready"]["pids"] for r in rs)
     assert one[1] == two[1] == four[0] and two == three and two[3] == four[1], (one, two, three, four)
     assert len({*one, *two, *four}) == 4  # one process per device ever used
     formed = [r["devices"] for r in _records(tmp_path / "A") if r["kind"] == "round"]
     assert formed == [[0, 1], [0, 1, 2, 3], [0, 1, 2, 3], [1, 3]], formed
-    assert rs[-1]["done"]["step"] == STEPS and ledger(out)["ok"]
+    assert rs[-1]["done"]["step"] == AT[-1] and ledger(out)["ok"]
     losses = {s["step"]: s["loss"] for r in rs for s in r["steps"]}
     worst = max(abs(losses[k] - static[k]) for k in losses)
-    assert sorted(losses) == list(range(1, STEPS + 1)) and worst <= TOLERANCE, worst
+    assert sorted(losses) == list(range(1, AT[-1] + 1)) and worst <= TOLERANCE, worst
     for d in downtimes(out, tmp_path / "A"):
         print("devices, layout: world", d["world"], "downtime", round(d["downtime"], 2),
               {k: round(v, 2) for k, v in d["parts"].items()})  # fmt: skip

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tenplex.runtime.channel import Channel, ChannelError, RankChannel, put
+from tenplex.runtime.channel import Channel, ChannelError, RankChannel, put, stop_word
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +27,17 @@ def test_stop_is_seen_by_the_phase_it_names_only(channel) -> None:
     assert not one.stop_asked()
     channel.stop(1)
     assert one.stop_asked() and not two.stop_asked()
+
+
+def test_a_stop_at_a_step_waits_for_it_and_the_newest_word_counts(channel) -> None:
+    """An agent's stop for a planned change at step 8 (`--at-step`) ends the round after step 8 only; a
+    rank already past it stops at once (late, not lost); a later word replaces it (a broken round: now)."""
+    rank = RankChannel(channel.address, 21)
+    put(channel.store, "stop/21", stop_word("devices [0] -> [0, 1]", 8))
+    assert [rank.stop_asked(s) for s in (6, 7, 8, 9)] == [False, False, True, True]
+    assert rank.stop_asked()  # asked without a step: a stop was said
+    put(channel.store, "stop/21", stop_word("worker 1: exit code 1", None))
+    assert rank.stop_asked(3)
 
 
 def test_a_put_is_seen_at_once_on_every_other_connection(channel) -> None:

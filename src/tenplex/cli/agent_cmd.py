@@ -1,6 +1,8 @@
 """`tenplex agent` (one per host, torchrun's flags), `tenplex rendezvous`, `tenplex status`, `stop` and
 `devices` (a host's devices change: one lost, or added, while the host stays) and `layout` (the layout the
-job takes, without a change of its devices).
+job takes, without a change of its devices). `--at-step S` on `stop`, `devices` and `layout` lands the
+job's planned changes at step S (the round trains to it, saves it and re-forms); without it they land at
+the workers' next step boundary.
 
 `status` and `stop` serve both kinds of job: with a RUN_DIR, a `tenplex run`'s (its cluster.json); without,
 an agent job's, through its rendezvous endpoint."""
@@ -47,6 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         add_flags(q, AgentConfig, only=("endpoint", "run_id"))
         if name == "status":
             q.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+        else:
+            _at_step(q)
         q.set_defaults(func=func)
 
     d = sub.add_parser("devices", help="change the devices of one host of an agent job (at a step boundary)")
@@ -55,12 +59,38 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     d.add_argument("devices", metavar="DEVICES", help="the device indices its workers run on, e.g. 0,2,3")
     add_flags(d, AgentConfig, only=("endpoint", "run_id"))
+    _at_step(d)
     d.set_defaults(func=_devices)
 
     lay = sub.add_parser("layout", help="ask an agent job for a layout (at a step boundary), or `auto`")
     lay.add_argument("layout", metavar="LAYOUT", help="dp=2,tp=2,pp=1 (taken by worlds it fits), or auto")
     add_flags(lay, AgentConfig, only=("endpoint", "run_id"))
+    _at_step(lay)
     lay.set_defaults(func=_layout)
+
+
+def _at_step(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--at-step", type=_step, default=None, metavar="S",
+                   help="the job trains to step S, saves it and changes there (a step already past: at "
+                   "once); every planned change waits for S, a host's join or leave too. Without it: "
+                   "at the workers' next step boundary")  # fmt: skip
+
+
+def _step(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"a step is a non-negative integer, got {text!r}")
+    return int(text)
+
+
+def _when(args: argparse.Namespace) -> str:
+    return "at the workers' next step boundary" if args.at_step is None else f"after step {args.at_step}"
+
+
+def _ask_at(base: Any, args: argparse.Namespace) -> None:
+    """The step the ask lands at, written before the ask itself (no agent sees one without the other)."""
+    from ..runtime.asked import ask_at
+
+    ask_at(base, args.rdzv_id, args.at_step)
 
 
 def _conf(text: str) -> dict[str, str]:
@@ -116,11 +146,14 @@ def _status(args: argparse.Namespace) -> int:
         from .rundir_view import print_status
 
         return print_status(args.run_dir, args.json)
-    _, agents = _job(args)
+    from ..runtime.asked import asked_at
+
+    base, agents = _job(args)
     if not agents:
         raise TenplexError(f"no agent of job {args.rdzv_id!r} reported to {args.rdzv_endpoint}")
+    at = asked_at(base, args.rdzv_id)
     if args.json:
-        print(json.dumps({"job": args.rdzv_id, "agents": agents}))
+        print(json.dumps({"job": args.rdzv_id, "agents": agents, "at_step": at}))
         return 0
     now = time.time()
     rows = [
@@ -138,7 +171,7 @@ def _status(args: argparse.Namespace) -> int:
     ]
     newest = max(a["round"] for a in agents)
     print_table(
-        f"job {args.rdzv_id}: round {newest}",
+        f"job {args.rdzv_id}: round {newest}" + ("" if at is None else f", planned changes at step {at}"),
         ["host", "store", "incarnation", "round", "node", "world", "devices", "seen"],
         rows,
     )
@@ -153,12 +186,16 @@ def _stop(args: argparse.Namespace) -> int:
 
         from ..runtime.rundir import stop
 
+        if args.at_step is not None:
+            raise TenplexError("--at-step is for an agent job; a `tenplex run` stops where its schedule ends")
         print(stop(Path(args.run_dir)))
         return 0
 
     base, agents = _job(args)
+    _ask_at(base, args)
     ask_stop(base, args.rdzv_id)
-    print(f"job {args.rdzv_id}: stop requested ({len(agents)} agents saw the job); they save and end")
+    print(f"job {args.rdzv_id}: stop requested ({len(agents)} agents saw the job); they save and end "
+          f"{_when(args)}")  # fmt: skip
     return 0
 
 
@@ -176,9 +213,10 @@ def _devices(args: argparse.Namespace) -> int:
         named = ", ".join(a["store"] for a in found)
         raise TenplexError(f"job {args.rdzv_id}: {len(found)} agents at {args.host!r}; name a store: {named}")
     agent = found[0]
+    _ask_at(base, args)
     ask_devices(base, args.rdzv_id, agent["store"], wanted)
     print(f"job {args.rdzv_id}: {agent['store']} goes from devices {agent.get('devices')} to {wanted} "
-          "at its workers' next step boundary")  # fmt: skip
+          f"{_when(args)}")  # fmt: skip
     return 0
 
 
@@ -191,7 +229,8 @@ def _layout(args: argparse.Namespace) -> int:
     base, agents = _job(args)
     if not agents:
         raise TenplexError(f"no agent of job {args.rdzv_id!r} reported to {args.rdzv_endpoint}")
+    _ask_at(base, args)
     ask_layout(base, args.rdzv_id, text)
     what = "each world's own layout" if auto else f"{text} wherever the world fits it"
-    print(f"job {args.rdzv_id}: {what}, from the workers' next step boundary")
+    print(f"job {args.rdzv_id}: {what}, {_when(args)}")
     return 0

@@ -29,7 +29,7 @@ from ..store.process import StoreProcess, start_store
 from ..util import env, logs
 from . import rendezvous
 from .agentconfig import AgentConfig
-from .asked import asked_devices, asked_layout, stop_asked
+from .asked import asked_at, asked_devices, asked_layout, stop_asked
 from .beacon import Beacon
 from .channel import put
 from .durable_tier import EveryNth
@@ -67,6 +67,7 @@ class Agent:
         self.beacon: Beacon | None = None
         self.silent_s = 3.0  # a member silent this long is lost (torch's heartbeat expiry, set in run)
         self.tier: EveryNth | None = None  # node 0's persists (--persist-every), once the job is known
+        self.told: tuple[int, int | None] | None = None  # the round its workers were told to stop, and at
 
     # -- the host's store and workers -------------------------------------------------------------
 
@@ -165,12 +166,18 @@ class Agent:
         except StoreError as e:
             raise AgentError(f"own store {self.entry.url}: {e}") from None
 
-    def _request_change(self, rnd: Round, why: str) -> None:
+    def _request_change(self, rnd: Round, why: str, at: int | None = None, peers: bool = True) -> None:
+        """Round `rnd` ends for `why`: at its workers' next step boundary, or after step `at` (a planned
+        change asked for then; a broken round ends at once). Said to this host's workers (again only when
+        the step changed), and once to the other agents (`peers`)."""
         assert self.base is not None
-        self.workers.stop(rnd, why, self.broken)
-        if not has(self.base, job_key(self.cfg.run_id, "change", rnd.number)):
+        at = None if self.broken else at
+        if self.told != (rnd.number, at):
+            self.told = (rnd.number, at)
+            self.workers.stop(rnd, why, self.broken, at)
+        if peers and not has(self.base, job_key(self.cfg.run_id, "change", rnd.number)):
             put(self.base, job_key(self.cfg.run_id, "change", rnd.number), why)
-            self.records.write(Change(rnd.number, why))
+            self.records.write(Change(rnd.number, why, at))
 
     def _supervise(self, rnd: Round) -> str:
         """Watch the round until it ends: "done", "stop" (tenplex stop), "leave" or "change"."""
@@ -192,20 +199,19 @@ class Agent:
                 return why
 
     def _why_end(self, rnd: Round, asks: bool) -> str | None:
-        """Why the round ends, if it does; `asks`: also what `tenplex devices` and `tenplex layout` asked
-        (once a second: an ask waits for a step boundary anyway, and each look costs round trips to the
-        rendezvous store)."""
+        """Why the round ends, if it does: "done", "leave", "stop" (tenplex stop) or "change". `asks`:
+        also what `tenplex devices` and `tenplex layout` asked (once a second: an ask waits for a step
+        boundary anyway, and each look costs round trips to the rendezvous store)."""
         assert self.base is not None
         ended, run_id = self.workers.ended(rnd), self.cfg.run_id
         if len(ended) == len(rnd.devices) and all(e["outcome"] == "done" for e in ended.values()):
             return "done"
         if self.leaving:  # said before the change, so the others expect the next round without this node
-            put(self.base, job_key(run_id, "left", self.entry.url), "1")
-            self._request_change(rnd, "leave")
-            return "leave"
+            if self.told is None or self.told[0] != rnd.number:
+                put(self.base, job_key(run_id, "left", self.entry.url), "1")
+            return self._planned(rnd, "leave", "leave", ended)
         if stop_asked(self.base, run_id):
-            self.workers.stop(rnd, "stop")
-            return "stop"
+            return self._planned(rnd, "stop", "stop", ended)
         failed = {s: e["error"] for s, e in ended.items() if e["outcome"] in ("error", "dead")}
         failed.update(self.workers.broke(rnd))
         if failed:
@@ -214,17 +220,22 @@ class Agent:
             slot = min(failed)
             self._request_change(rnd, f"worker {slot}: {failed[slot]}")
             return "change"
-        asked = self._asked(rnd) if asks else None  # the same members go on: the others see a peer's change
-        if asked:
-            self._request_change(rnd, asked)
-            return "change"
-        if ended or has(self.base, job_key(run_id, "change", rnd.number)):
-            self._request_change(rnd, "peer")
-            return "change"
-        if self.handler.num_nodes_waiting() > 0:
-            self._request_change(rnd, "join")
-            return "change"
-        return None
+        # the same members go on: the others see a peer's change
+        why = self._asked(rnd) if asks else None
+        if why is None and (ended or has(self.base, job_key(run_id, "change", rnd.number))):
+            why = "peer"
+        if why is None and self.handler.num_nodes_waiting() > 0:
+            why = "join"
+        return None if why is None else self._planned(rnd, "change", why, ended)
+
+    def _planned(self, rnd: Round, kind: str, why: str, ended: dict[int, Any]) -> str | None:
+        """A planned end of the round (`kind`): at the step the job asked for (`--at-step`), else at the
+        next step boundary. The workers are told now; the round ends once they stopped there (until then
+        it trains on, and the added devices' workers warm meanwhile)."""
+        assert self.base is not None
+        at = asked_at(self.base, self.cfg.run_id)
+        self._request_change(rnd, why, at, peers=kind != "stop")
+        return kind if at is None or ended else None
 
     def _asked(self, rnd: Round) -> str | None:
         """What `tenplex devices` or `tenplex layout` asked that this round does not have, if anything;

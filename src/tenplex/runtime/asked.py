@@ -1,6 +1,7 @@
 """What is asked of a running agent job from outside, through its rendezvous store: a host's devices
-(`tenplex devices`), the job's layout (`tenplex layout`) and its end (`tenplex stop`). One place for the
-keys: the CLI writes them, the agents read them at each look (`runtime/agent.py`)."""
+(`tenplex devices`), the job's layout (`tenplex layout`), its end (`tenplex stop`) and the step at which
+the next planned change lands (`--at-step`). One place for the keys: the CLI writes them, the agents read
+them at each look (`runtime/agent.py`)."""
 
 from __future__ import annotations
 
@@ -50,3 +51,19 @@ def ask_stop(base: dist.Store, run_id: str) -> None:
 
 def stop_asked(base: dist.Store, run_id: str) -> bool:
     return has(base, job_key(run_id, "stop"))
+
+
+def ask_at(base: dist.Store, run_id: str, step: int | None) -> None:
+    """The job's planned changes (a host joining or leaving, devices, layout, a stop) land at `step`: the
+    round trains to it, saves it and ends there; None: at the next step boundary. Written before the ask
+    it goes with, so no agent sees the ask without it."""
+    key = job_key(run_id, "at")
+    if step is None:
+        base.delete_key(key)
+    else:
+        put(base, key, str(step))
+
+
+def asked_at(base: dist.Store, run_id: str) -> int | None:
+    key = job_key(run_id, "at")
+    return int(base.get(key)) if has(base, key) else None

@@ -3,7 +3,7 @@
 `tenplex run`'s controller hosts one (`Channel`, on its own address: loopback, or its namespace's on
 namespace hosts); a `tenplex agent` hosts one for its workers. Keys are per phase (a round under an agent):
 
-- `stop/N`: stop at the next step boundary and save;
+- `stop/N`: stop at the next step boundary and save, or at a given step (`stop_word`);
 - `broken/N`: the phase broke (a host lost, a rank failed): a rank that waits on the others (a commit under
   way) leaves the phase instead;
 - `turn/N`: a phase started ahead goes ("go TIME") or never runs ("cancel"): the first word wins
@@ -20,6 +20,7 @@ out at its next look (the connection breaks) instead of waiting forever.
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -65,6 +66,20 @@ def put(store: Any, key: str, value: str) -> None:
     set often did on a loaded machine); an answered request on the same connection is served after it."""
     store.set(key, value)
     store.check([key])
+
+
+def stop_word(why: str, at: int | None) -> str:
+    """A stop's value: its reason, and the step it waits for (None: the next step boundary)."""
+    return why if at is None else json.dumps({"why": why, "at": at})
+
+
+def stop_due(value: bytes | str, step: int | None) -> bool:
+    """Whether a stop said as `value` (`stop_word`) ends the phase after step `step` (None: at once). A
+    step already past the asked one stops at once: the change is late, not lost."""
+    text = value.decode() if isinstance(value, bytes) else value
+    if step is None or not text.startswith("{"):
+        return True
+    return step >= int(json.loads(text)["at"])
 
 
 def tell(address: str, key: str, code: int, tries: int = 3) -> None:
@@ -183,8 +198,10 @@ class RankChannel:
         except RuntimeError as e:  # the connection broke: the runtime is gone
             raise ChannelError(f"lost the runtime's store at {self.address}: {_said(e)}") from None
 
-    def stop_asked(self) -> bool:
-        return bool(self._ask(self.store.check, [f"stop/{self.phase}"]))
+    def stop_asked(self, step: int | None = None) -> bool:
+        """Whether to stop after step `step` (None: whether a stop was said at all)."""
+        key = f"stop/{self.phase}"
+        return bool(self._ask(self.store.check, [key])) and stop_due(self._ask(self.store.get, key), step)
 
     def broken(self) -> bool:
         """Whether the runtime found this phase broken (a host lost, a rank failed): nothing waiting on

@@ -51,8 +51,10 @@ def rank_channel(spec: WorkerSpec | None) -> RankChannel | None:
     return None
 
 
-def stop_requested(path: str | None, channel: RankChannel | None) -> bool:
-    """Rank 0 looks for the stop file (`--stop-file`), every rank asks its runtime (its controller, or its
-    own host's agent); all ranks agree through one all-reduce, so they stop together."""
+def stop_requested(path: str | None, channel: RankChannel | None, step: int) -> bool:
+    """Whether to stop after step `step`: rank 0 looks for the stop file (`--stop-file`), every rank asks
+    its runtime (its controller, or its own host's agent, whose stop may wait for a given step); all ranks
+    agree through one all-reduce, so they stop together (at the asked step when any rank knew of it in
+    time)."""
     asked = bool(path and dist.get_rank() == 0 and os.path.exists(path))
-    return any_rank(asked or (channel is not None and channel.stop_asked()))
+    return any_rank(asked or (channel is not None and channel.stop_asked(step)))

@@ -282,7 +282,7 @@ class ElasticJob:
     def running(self, step: int) -> bool:
         """Whether to train step `step + 1`: all ranks get the same answer (one all-reduce)."""
         self.ready(step)
-        going = not stop_requested(self.stop_file, self.channel) and step < self.until
+        going = not stop_requested(self.stop_file, self.channel, step) and step < self.until
         if not going:
             rounds.note_end(step >= self.until)
         return going

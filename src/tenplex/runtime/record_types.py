@@ -354,6 +354,7 @@ class Change(Record):
     kind = Kind.CHANGE
     round: int
     why: str
+    at: int | None = None  # the step the change waits for (`--at-step`); None: the next step boundary
 
 
 @dataclass(frozen=True)

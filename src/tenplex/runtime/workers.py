@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..util import env
-from .channel import Channel, put
+from .channel import Channel, put, stop_word
 from .record_types import Warm, WorkerFailed
 from .records import Records
 from .rounds import AgentError, Round, has
@@ -119,12 +119,13 @@ class Workers:
             }
             self._send(self.slots[d], cmd)
 
-    def stop(self, rnd: Round, why: str, broken: bool = False) -> None:
-        """The round stops at its next step boundary (each worker's `ElasticJob.running` asks); a broken
-        one's workers also stop waiting on commits that wait on the gone (`ElasticJob._wait_commit`)."""
+    def stop(self, rnd: Round, why: str, broken: bool = False, at: int | None = None) -> None:
+        """The round stops at its next step boundary, or after step `at` (each worker's
+        `ElasticJob.running` asks); a broken one's workers stop at once and also stop waiting on commits
+        that wait on the gone (`ElasticJob._wait_commit`). Said again, the newest word counts."""
         if broken:
             put(self.store, f"broken/{rnd.number}", why)
-        put(self.store, f"stop/{rnd.number}", why)
+        put(self.store, f"stop/{rnd.number}", stop_word(why, None if broken else at))
 
     def ready(self, rnd: Round) -> bool:
         """Whether the round's ranks have loaded (rank 0 says so, on node 0)."""

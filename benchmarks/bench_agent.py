@@ -86,7 +86,7 @@ def drive(job, out: Path) -> float:
     lost = job.lose("B")
     job.wait("world 2 after the loss", lambda: trained(out, 2, since=lost) >= EVERY, 300)
     t = time.time()
-    job.devices("A", 4)
+    job.devices("A", range(4))
     job.wait("4 devices on A", lambda: trained(out, 4, since=t) >= EVERY, 300)
     return lost
 
@@ -160,10 +160,10 @@ class Torchrun:
         ]
         self.agents[name] = self.hosts.popen(name, cmd, env, self.tmp / f"torchrun-{name}.log")
 
-    def devices(self, name: str, count: int) -> None:
-        """torchrun's way: the host's agent stopped (its workers with it) and started with `count`."""
+    def devices(self, name: str, devices: range) -> None:
+        """torchrun's way: the host's agent stopped (its workers with it) and started with `devices`."""
         self.leave(name)
-        self.nproc[name] = count
+        self.nproc[name] = len(devices)
         self.start(name)
 
     def leave(self, name: str) -> int:

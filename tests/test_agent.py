@@ -21,8 +21,10 @@ import pytest
 
 from tenplex.runtime import netns
 from tenplex.runtime.agent_hosts import AgentJob, Hosts, downtimes, reference_target, rounds, trained
+from tenplex.runtime.driver import DriverError, ScheduleDriver, refuse
 from tenplex.runtime.durable_tier import newest_checkpoint
 from tenplex.runtime.report import ledger
+from tenplex.runtime.schedule import parse_schedule
 
 pytestmark = pytest.mark.dist
 
@@ -68,15 +70,31 @@ def _scenario(tmp: Path, network: str) -> dict:
         seen["b_url"] = job.store_url("B")
         seen["lost_at"] = job.lose("B")
         job.wait("A to recover alone", lambda: trained(out, 2, since=seen["lost_at"]) >= 3)
+        # a new host joins, then leaves, each at the step the job asked for (`--at-step` on an ask that
+        # changes nothing: `auto` is the layout already), not at the next step boundary
+        seen["join_at"] = _ask_step(hosts, job, _step_now(out) + 30)
         again = time.time()
-        job.start("C")  # a new host joins
+        job.start("C")
         job.wait("the 4-worker world again", lambda: trained(out, 4, since=again) >= 3)
+        seen["leave_at"] = _ask_step(hosts, job, _step_now(out) + 20)
         assert job.leave("C") == 0
         assert a.wait(150) == 0, (tmp / "agent-A.log").read_text()[-4000:]
     finally:
         job.close()
         hosts.close()
     return seen
+
+
+def _step_now(out: Path) -> int:
+    return max((s["step"] for r in rounds(out) for s in r["steps"]), default=0)
+
+
+def _ask_step(hosts: Hosts, job: AgentJob, step: int) -> int:
+    """The job's planned changes land at `step` (its layout stays each world's own)."""
+    done = _cli(hosts, "layout", "auto", "--rdzv-endpoint", job.endpoint, "--rdzv-id", job.job, "--at-step",
+                str(step))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return step
 
 
 # namespace hosts where they can be made (root), else loopback hosts: the same scenario, and one run of it
@@ -116,6 +134,9 @@ def test_agents_join_lose_a_host_rejoin_and_leave(tmp_path, static) -> None:
     before = max(s["step"] for r in rs if r["start"]["time"] < seen["lost_at"] for s in r["steps"])
     assert recovered["start"]["step"] >= before - 4, (recovered["start"]["step"], before)
     assert rs[-1]["done"] and rs[-1]["done"]["step"] == STEPS
+    # C joined and left at the steps asked for: the rounds before trained to them, the next loaded them
+    assert [rs[-3]["steps"][-1]["step"], rs[-2]["steps"][-1]["step"]] == [seen["join_at"], seen["leave_at"]]
+    assert [rs[-2]["start"]["step"], rs[-1]["start"]["step"]] == [seen["join_at"], seen["leave_at"]]
     check = ledger(out)  # every sample exactly once, a replayed step counted once
     assert check["ok"] and check["steps"] == STEPS, check
     losses = {s["step"]: s["loss"] for r in rs for s in r["steps"]}
@@ -209,6 +230,55 @@ def test_a_hosts_devices_and_the_layout_change_while_it_stays(tmp_path, static) 
     for d in downtimes(out, tmp_path / "A"):
         print("devices, layout: world", d["world"], "downtime", round(d["downtime"], 2),
               {k: round(v, 2) for k, v in d["parts"].items()})  # fmt: skip
+
+
+# a join, a host lost, a redeploy onto fresh hosts (every agent leaves, new ones join) and a scale-out with
+# a layout named, each 24 steps (11 s) apart: an ask's command starts up (a torch import) and a joining
+# agent warms its workers while the job trains to the step
+SCHEDULE = [
+    {"step": 0, "devices": 2},
+    {"step": 24, "devices": 4},
+    {"step": 48, "fail_hosts": ["h1"]},
+    {"step": 72, "redeploy": True},
+    {"step": 96, "devices": 4, "layout": {"dp": 1, "tp": 2, "pp": 2}},
+]
+
+
+def test_a_schedule_played_on_agents(tmp_path, static) -> None:
+    """`tenplex run`'s resource schedule played on agents (`runtime/driver.py`): each planned change lands
+    at its step (the round trains to it, the next loads it), the lost host's shards come from their
+    replica, the redeploy's new hosts load from the old hosts' stores (kept until the new round loaded);
+    the losses equal the static run's and every sample is used once. A schedule the agents cannot play
+    yet is refused before anything starts."""
+    with pytest.raises(DriverError, match="a rank's failure is not played on agents yet"):
+        refuse(parse_schedule([{"step": 0, "devices": 2}, {"step": 5, "fail": [1]}]))
+    hosts = Hosts(tmp_path)
+    job = AgentJob(hosts, "sched", _target(tmp_path, "sched", 0.45))
+    out = tmp_path / "out"
+    driver = ScheduleDriver(job, parse_schedule(SCHEDULE), out)
+    try:
+        driver.start()
+        driver.follow()
+        for name in list(job.agents):
+            assert job.agents[name].wait(150) == 0, job._log(name)[-4000:]
+    finally:
+        job.close()
+        hosts.close()
+    planned = [(x["step"], x["landed"]) for x in driver.log if "fail" not in x["event"]]
+    assert planned == [(24, 24), (72, 72), (96, 96)], driver.log
+    rs = [r for r in rounds(out) if r["ready"]]
+    assert [r["ready"]["world"] for r in rs] == [2, 4, 2, 2, 4], [r["ready"] for r in rs]
+    assert [r["ready"]["layout"] for r in rs][-1] == "dp1-tp2-pp2"
+    assert rs[0]["start"]["kind"] == "fresh" and all(r["start"]["kind"] == "loaded" for r in rs[1:])
+    pids = [set(r["ready"]["pids"]) for r in rs]
+    assert pids[0] < pids[1]  # h0's workers kept through the join
+    assert job.store_url("h1") in rs[2]["start"]["lost_stores"], rs[2]["start"]
+    assert rs[2]["start"]["step"] >= 44  # the newest snapshot before the loss, from h1's replica on h0
+    assert pids[3] < pids[4] and not pids[4] & pids[1]  # the fresh hosts' own processes, kept
+    assert rs[-1]["done"]["step"] == STEPS and ledger(out)["ok"]
+    losses = {s["step"]: s["loss"] for r in rs for s in r["steps"]}
+    worst = max(abs(losses[k] - static[k]) for k in losses)
+    assert sorted(losses) == list(range(1, STEPS + 1)) and worst <= TOLERANCE, worst
 
 
 def _records(run_dir: Path) -> list[dict]:

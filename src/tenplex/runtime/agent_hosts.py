@@ -171,11 +171,13 @@ class AgentJob:
         self.hosts, self.job, self.target, self.nodes, self.nproc = hosts, job, target, nodes, nproc
         self.extra = list(extra)
         self.agents: dict[str, subprocess.Popen] = {}
+        self.leaving: dict[str, subprocess.Popen] = {}  # told to leave, not ended yet
         self.stores: dict[str, int] = {}  # host -> store port
         self.rdzv = Rendezvous(hosts)
         self.endpoint = self.rdzv.endpoint
 
-    def start(self, name: str) -> subprocess.Popen:
+    def start(self, name: str, nproc: int | None = None) -> subprocess.Popen:
+        """The agent of host `name`, with `nproc` workers (the job's default: `self.nproc`)."""
         addr = self.hosts.add(name)
         self.stores.setdefault(name, self.hosts.port(name, 7070))
         cmd = [
@@ -186,7 +188,7 @@ class AgentJob:
             "--nnodes",
             self.nodes,
             "--nproc-per-node",
-            str(self.nproc),
+            str(nproc or self.nproc),
             "--rdzv-endpoint",
             self.endpoint,
             "--rdzv-id",
@@ -208,14 +210,18 @@ class AgentJob:
         self.agents[name] = p
         return p
 
-    def devices(self, name: str, count: int) -> None:
-        """Host `name`'s devices become 0..count-1 (`tenplex devices`), taken at the next step boundary."""
-        devices = ",".join(map(str, range(count)))
-        argv = [sys.executable, "-m", "tenplex.cli.main", "devices", self.store_url(name), devices,
-                "--rdzv-endpoint", self.endpoint, "--rdzv-id", self.job]  # fmt: skip
+    def devices(self, name: str, devices: Sequence[int], at: int | None = None) -> None:
+        """Host `name`'s devices become `devices` (`tenplex devices`), at step `at` or the next boundary."""
+        self.ask("devices", self.store_url(name), ",".join(map(str, devices)), at=at)
+
+    def ask(self, *args: str, at: int | None = None) -> None:
+        """`tenplex ARGS` for this job (devices, layout, stop), from the rendezvous' host."""
+        when = [] if at is None else ["--at-step", str(at)]
+        argv = [sys.executable, "-m", "tenplex.cli.main", *args, "--rdzv-endpoint", self.endpoint,
+                "--rdzv-id", self.job, *when]  # fmt: skip
         done = self.hosts.run("rdzv", argv)
         if done.returncode:
-            raise AgentError(f"tenplex devices: {done.stderr.strip()}")
+            raise AgentError(f"tenplex {args[0]}: {done.stderr.strip()}")
 
     def store_url(self, name: str) -> str:
         return f"http://{self.hosts.add(name)}:{self.stores[name]}"
@@ -224,11 +230,19 @@ class AgentJob:
         text = (self.hosts.run_dir / name / "store.log").read_text()
         return int(text.rsplit("(pid ", 1)[1].split(")", 1)[0])
 
-    def leave(self, name: str, timeout: float = 120) -> int:
-        """A planned leave: SIGTERM; the agent's workers save at the next step boundary, and it ends."""
-        p = self.agents.pop(name)
+    def leave(self, name: str, timeout: float = 120, wait: bool = True) -> int | None:
+        """A planned leave: SIGTERM; the agent's workers save at the next step boundary (or the step the
+        job asked for), and it ends; its exit code (`wait`), else see `ended`."""
+        p = self.leaving[name] = self.agents.pop(name)
         p.send_signal(signal.SIGTERM)
-        return p.wait(timeout)
+        return self.ended(name, timeout) if wait else None
+
+    def ended(self, name: str, timeout: float = 120) -> int:
+        """The exit code of the agent told to leave; one that failed is an error, with its log."""
+        code = self.leaving.pop(name).wait(timeout)
+        if code:
+            raise AgentError(f"the agent of {name} left with exit code {code}:\n{self._log(name)[-3000:]}")
+        return code
 
     def lose(self, name: str) -> float:
         self.agents.pop(name, None)
@@ -242,6 +256,8 @@ class AgentJob:
 
     def close(self) -> None:
         """Every agent told to go at once (SIGINT twice), then whatever is left killed; stores stopped."""
+        self.agents.update(self.leaving)
+        self.leaving.clear()
         for name in list(self.agents):
             p = self.agents.pop(name)
             if p.poll() is None:
@@ -298,6 +314,11 @@ def _split(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif rec["kind"] == Kind.STEP:
             r["steps"].append(rec)
     return found
+
+
+def step_now(out: Path) -> int:
+    """The newest step any round trained (0 before the first)."""
+    return max((s["step"] for r in rounds(out) for s in r["steps"]), default=0)
 
 
 def trained(out: Path, world: int, since: float = 0.0) -> int:

@@ -15,6 +15,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from ..ptc import TenplexError, device_id
 from ..store import StoreClient, StoreError, start_store
@@ -149,18 +150,6 @@ class EmulatedHosts:
             self.save()
 
     # -- devices -------------------------------------------------------------------------------------------
-    def _hosts(self) -> list[str]:
-        return [f"h{i}" for i in range(self.max_hosts)]
-
-    def _free(self, hosts: list[str], exclude: set[str]) -> list[str]:
-        return [
-            device_id(int(h[1:]), j)
-            for h in hosts
-            if h not in self.failed_hosts
-            for j in range(self.devices_per_host)
-            if device_id(int(h[1:]), j) not in exclude | self.failed_devices
-        ]
-
     def apply(self, event: Event) -> list[str]:
         """The device allocation after `event` (rank order: surviving devices keep their ranks' order)."""
         self.allocation = self.preview([event])
@@ -172,32 +161,58 @@ class EmulatedHosts:
         started ahead is planned on it)."""
         alloc = self.allocation
         for event in events:
-            alloc = self._after(event, alloc)
-        return alloc
-
-    def _after(self, event: Event, allocation: list[str]) -> list[str]:
-        gone = self.failed_devices
-        current = [d for d in allocation if d not in gone and host_of(d) not in self.failed_hosts]
-        n = event.devices if event.devices is not None else len(current)
-        if event.redeploy:
-            used = {host_of(d) for d in allocation}
-            fresh = [h for h in self._hosts() if h not in used]
-            current, pool = [], self._free(fresh, set())
-        elif event.hosts is not None:
-            current = [d for d in current if host_of(d) in event.hosts]
-            pool = self._free(list(event.hosts), set(current))
-        else:
-            in_use = list(dict.fromkeys(host_of(d) for d in current))
-            others = [h for h in self._hosts() if h not in in_use]
-            pool = self._free(in_use + others, set(current))
-        alloc = (current + pool)[:n] if n > len(current) else _shrink(current, n)
-        if len(alloc) < n:
-            raise HostsError(f"{event.describe()} needs {n} devices, only {len(alloc)} are available")
+            alloc = allocate(event, alloc, self)
         return alloc
 
     def fail_devices(self, devices: list[str]) -> None:
         self.failed_devices |= set(devices)
         self.save()
+
+
+class Pool(Protocol):
+    """The emulated hosts h0, h1, ... a job may take devices from, and those that failed."""
+
+    devices_per_host: int
+    max_hosts: int
+    failed_devices: set[str]
+    failed_hosts: set[str]
+
+
+def allocate(event: Event, allocation: list[str], pool: Pool) -> list[str]:
+    """The devices the job has after `event`, in rank order: the surviving devices keep their ranks' order;
+    more devices come from the hosts in use first, then from the next hosts; fewer empty the last hosts
+    first (whole hosts can then be released); a redeploy takes fresh hosts only, `hosts` those named."""
+    gone = pool.failed_devices
+    current = [d for d in allocation if d not in gone and host_of(d) not in pool.failed_hosts]
+    n = event.devices if event.devices is not None else len(current)
+    names = host_names(pool.max_hosts)
+
+    def free(hosts: list[str], exclude: set[str]) -> list[str]:
+        return [
+            device_id(int(h[1:]), j)
+            for h in hosts
+            if h not in pool.failed_hosts
+            for j in range(pool.devices_per_host)
+            if device_id(int(h[1:]), j) not in exclude | gone
+        ]
+
+    if event.redeploy:
+        used = {host_of(d) for d in allocation}
+        current, spare = [], free([h for h in names if h not in used], set())
+    elif event.hosts is not None:
+        current = [d for d in current if host_of(d) in event.hosts]
+        spare = free(list(event.hosts), set(current))
+    else:
+        in_use = list(dict.fromkeys(host_of(d) for d in current))
+        spare = free(in_use + [h for h in names if h not in in_use], set(current))
+    alloc = (current + spare)[:n] if n > len(current) else _shrink(current, n)
+    if len(alloc) < n:
+        raise HostsError(f"{event.describe()} needs {n} devices, only {len(alloc)} are available")
+    return alloc
+
+
+def host_names(count: int) -> list[str]:
+    return [f"h{i}" for i in range(count)]
 
 
 def _shrink(devices: list[str], n: int) -> list[str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from ..util import free_port, logs
 from ..util.ranks import rank_env
 from .channel import Channel
-from .hosts import EmulatedHosts, host_of
+from .hosts import EmulatedHosts, host_names, host_of
 from .phase import Phase
 from .spec import WorkerSpec
 from .standby import Role, StandbyPool
@@ -52,7 +52,7 @@ class Launcher:
         for d in hosts.allocation:
             per_host[host_of(d)] = per_host.get(host_of(d), 0) + 1
         spare = -(-self.pool_size // hosts.devices_per_host)
-        for h in hosts._hosts():
+        for h in host_names(hosts.max_hosts):
             if spare <= 0:
                 break
             if h not in per_host and h not in hosts.failed_hosts:

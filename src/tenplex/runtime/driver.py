@@ -1,0 +1,134 @@
+"""A resource schedule (`runtime/schedule.py`) played on agents: one `tenplex agent` per emulated host
+(`agent_hosts`), the job's devices taken and given back as the schedule says, each change at its step.
+
+The devices are those `tenplex run` allocates (`hosts.allocate`: hosts h0, h1, ..., the same rule). A
+planned event at step S becomes: the step asked for (`tenplex layout --at-step S`, with the event's layout
+or `auto`), `tenplex devices --at-step S` for a host whose devices change, a new agent for a host that
+joins, SIGTERM for one that leaves; the agents hold every one of these until the round trained S, then
+form the next round, which loads S (an ask that comes after S was trained lands at the next step
+boundary: `log` says where each landed). A failure is not planned: once the job trained step S, the host is
+lost (agent, workers and store killed at once), and the agents find it and go on without it.
+
+Not yet on agents (the local controller runs them): events by wall time, a rank's failure and a
+partition; asked for, the driver refuses the schedule before anything starts.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..ptc import TenplexError
+from .agent_hosts import AgentJob, rounds, step_now
+from .hosts import allocate, host_of
+from .schedule import Event
+
+
+class DriverError(TenplexError):
+    """A schedule the agents cannot follow (yet), or a host it names that the job does not have."""
+
+
+@dataclass
+class Pool:
+    """The emulated hosts the job may take devices from (`hosts.Pool`)."""
+
+    devices_per_host: int
+    max_hosts: int = 16
+    failed_devices: set[str] = field(default_factory=set)
+    failed_hosts: set[str] = field(default_factory=set)
+
+
+def by_host(devices: list[str]) -> dict[str, list[int]]:
+    """`["h0/d0", "h0/d1", "h1/d0"]` -> `{"h0": [0, 1], "h1": [0]}`, in rank order."""
+    out: dict[str, list[int]] = {}
+    for d in devices:
+        out.setdefault(host_of(d), []).append(int(d.rsplit("/d", 1)[1]))
+    return out
+
+
+def refuse(events: list[Event]) -> None:
+    """What the agents cannot follow yet, said before anything starts."""
+    for e in events:
+        if e.time is not None or e.fail or e.partition:
+            what = "events by time" if e.time is not None else "a rank's failure" if e.fail else "a partition"
+            raise DriverError(f"{e.describe()}: {what} is not played on agents yet")
+
+
+class ScheduleDriver:
+    """Plays `events` on `job`'s agents; `out` is where the job's rounds write their records."""
+
+    def __init__(self, job: AgentJob, events: list[Event], out: Path, devices_per_host: int = 2) -> None:
+        refuse(events)
+        self.job, self.events, self.out = job, events, out
+        self.pool = Pool(devices_per_host)
+        self.allocation: list[str] = []
+        self.log: list[dict[str, Any]] = []  # per event: when it was asked and the step it landed at
+
+    def start(self, timeout: float = 300) -> None:
+        """The first event's devices: an agent per host, its devices 0..n-1; until the job's ranks loaded."""
+        first = self.events[0]
+        self.allocation = allocate(first, [], self.pool)
+        for host, devices in by_host(self.allocation).items():
+            self.job.start(host, nproc=len(devices))
+        self._landed(lambda r: True, len(self.allocation), first, timeout)
+
+    def follow(self, timeout: float = 300) -> None:
+        """Every later event, in step order; each waits until the one before landed."""
+        for e in self.events[1:]:
+            assert e.step is not None
+            if e.fail_hosts:
+                self._lose(e, timeout)
+            else:
+                self._plan(e, timeout)
+
+    def _plan(self, e: Event, timeout: float) -> None:
+        at = e.step
+        assert at is not None
+        new = allocate(e, self.allocation, self.pool)
+        before, after = by_host(self.allocation), by_host(new)
+        layout = ",".join(f"{k}={v}" for k, v in e.layout.items()) if e.layout else "auto"
+        self.job.ask("layout", layout, at=at)  # first: no agent sees the others without the step
+        for host in after.keys() - before.keys():  # next: their workers warm while the job trains to `at`
+            self.job.start(host, nproc=len(after[host]))
+        for host in before.keys() & after.keys():
+            if before[host] != after[host]:
+                self.job.devices(host, after[host], at=at)
+        leaving = sorted(before.keys() - after.keys())
+        for host in leaving:
+            self.job.leave(host, wait=False)
+        self.allocation = new
+        landed = self._landed(lambda r: r["start"]["step"] >= at, len(new), e, timeout)
+        for host in leaving:
+            self.job.ended(host, timeout)
+        self.log.append({"event": e.describe(), "step": at, "landed": landed})
+
+    def _lose(self, e: Event, timeout: float) -> None:
+        """Once the job trained the event's step: its hosts lost, and a round without them loaded."""
+        at = e.step
+        assert at is not None
+        self.job.wait(f"step {at}", lambda: step_now(self.out) >= at, timeout)
+        lost = time.time()
+        for host in e.fail_hosts:
+            if host not in by_host(self.allocation):
+                raise DriverError(f"{e.describe()}: {host} is not one of the job's hosts")
+            self.job.lose(host)
+            self.pool.failed_hosts.add(host)
+        self.allocation = allocate(Event(step=at), self.allocation, self.pool)
+        landed = self._landed(lambda r: r["start"]["time"] > lost, len(self.allocation), e, timeout)
+        self.log.append({"event": e.describe(), "step": at, "landed": landed})
+
+    def _landed(self, which: Any, world: int, e: Event, timeout: float) -> int:
+        """The step the first round that `which` picks with `world` ranks loaded, once they are ready (a
+        round of another size may come first: a host that joined late, or one found lost late)."""
+        found: list[dict[str, Any]] = []
+
+        def ready() -> bool:
+            found[:] = [
+                r for r in rounds(self.out) if r["ready"] and r["ready"]["world"] == world and which(r)
+            ]
+            return bool(found)
+
+        self.job.wait(f"the round of {world} ranks after {e.describe()}", ready, timeout)
+        return int(found[0]["start"]["step"])

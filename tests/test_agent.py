@@ -202,8 +202,10 @@ def test_a_hosts_devices_and_the_layout_change_while_it_stays(tmp_path, static) 
                             ([url, "0", "--at-step", "-1"], "non-negative")):  # fmt: skip
             bad = _cli(hosts, "devices", *args, *rdzv)
             assert bad.returncode == 2 and words in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
-        bad = _cli(hosts, "layout", "dp=x", *rdzv)
-        assert bad.returncode == 2 and "malformed layout" in bad.stderr, bad.stderr
+        for args, words in ((["layout", "dp=x"], "malformed layout"), (["admit", url], "no spare waits"),
+                            (["devices", url, "1,5", "--failed"], "name the devices that stay")):  # fmt: skip
+            bad = _cli(hosts, *args, *rdzv)
+            assert bad.returncode == 2 and words in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
         assert a.wait(150) == 0, (tmp_path / "agent-A.log").read_text()[-4000:]
     finally:
         job.close()
@@ -232,26 +234,28 @@ def test_a_hosts_devices_and_the_layout_change_while_it_stays(tmp_path, static) 
               {k: round(v, 2) for k, v in d["parts"].items()})  # fmt: skip
 
 
-# a join, a host lost, a redeploy onto fresh hosts (every agent leaves, new ones join) and a scale-out with
-# a layout named, each 24 steps (11 s) apart: an ask's command starts up (a torch import) and a joining
-# agent warms its workers while the job trains to the step
+# a join, a host lost, a redeploy onto fresh hosts (every agent leaves, new ones join), a scale-out with a
+# layout named, each 24 steps (11 s) apart (an ask's command starts up, a torch import, and a joining agent
+# warms its workers while the job trains to the step), then a rank's device fails
 SCHEDULE = [
     {"step": 0, "devices": 2},
     {"step": 24, "devices": 4},
     {"step": 48, "fail_hosts": ["h1"]},
     {"step": 72, "redeploy": True},
     {"step": 96, "devices": 4, "layout": {"dp": 1, "tp": 2, "pp": 2}},
+    {"step": 108, "fail": [3]},
 ]
 
 
 def test_a_schedule_played_on_agents(tmp_path, static) -> None:
     """`tenplex run`'s resource schedule played on agents (`runtime/driver.py`): each planned change lands
     at its step (the round trains to it, the next loads it), the lost host's shards come from their
-    replica, the redeploy's new hosts load from the old hosts' stores (kept until the new round loaded);
-    the losses equal the static run's and every sample is used once. A schedule the agents cannot play
+    replica, the redeploy's new hosts load from the old hosts' stores (kept until the new round loaded),
+    the failed device's rank is gone from the next round; the losses equal the static run's and every
+    sample is used once. A schedule the agents cannot play
     yet is refused before anything starts."""
-    with pytest.raises(DriverError, match="a rank's failure is not played on agents yet"):
-        refuse(parse_schedule([{"step": 0, "devices": 2}, {"step": 5, "fail": [1]}]))
+    with pytest.raises(DriverError, match="events by time is not played on agents yet"):
+        refuse(parse_schedule([{"step": 0, "devices": 2}, {"time": 5, "devices": 1}]))
     hosts = Hosts(tmp_path)
     job = AgentJob(hosts, "sched", _target(tmp_path, "sched", 0.45))
     out = tmp_path / "out"
@@ -267,8 +271,8 @@ def test_a_schedule_played_on_agents(tmp_path, static) -> None:
     planned = [(x["step"], x["landed"]) for x in driver.log if "fail" not in x["event"]]
     assert planned == [(24, 24), (72, 72), (96, 96)], driver.log
     rs = [r for r in rounds(out) if r["ready"]]
-    assert [r["ready"]["world"] for r in rs] == [2, 4, 2, 2, 4], [r["ready"] for r in rs]
-    assert [r["ready"]["layout"] for r in rs][-1] == "dp1-tp2-pp2"
+    assert [r["ready"]["world"] for r in rs] == [2, 4, 2, 2, 4, 3], [r["ready"] for r in rs]
+    assert rs[4]["ready"]["layout"] == "dp1-tp2-pp2"
     assert rs[0]["start"]["kind"] == "fresh" and all(r["start"]["kind"] == "loaded" for r in rs[1:])
     pids = [set(r["ready"]["pids"]) for r in rs]
     assert pids[0] < pids[1]  # h0's workers kept through the join
@@ -279,6 +283,10 @@ def test_a_schedule_played_on_agents(tmp_path, static) -> None:
     losses = {s["step"]: s["loss"] for r in rs for s in r["steps"]}
     worst = max(abs(losses[k] - static[k]) for k in losses)
     assert sorted(losses) == list(range(1, STEPS + 1)) and worst <= TOLERANCE, worst
+    print(
+        "schedule on agents: downtime per change",
+        [(d["world"], round(d["downtime"], 2)) for d in downtimes(out)],
+    )
 
 
 def _records(run_dir: Path) -> list[dict]:

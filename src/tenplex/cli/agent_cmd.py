@@ -1,8 +1,8 @@
 """`tenplex agent` (one per host, torchrun's flags), `tenplex rendezvous`, `tenplex status`, `stop` and
-`devices` (a host's devices change: one lost, or added, while the host stays) and `layout` (the layout the
-job takes, without a change of its devices). `--at-step S` on `stop`, `devices` and `layout` lands the
-job's planned changes at step S (the round trains to it, saves it and re-forms); without it they land at
-the workers' next step boundary.
+`devices` (a host's devices change: one lost, or added, while the host stays), `layout` (the layout the
+job takes, without a change of its devices) and `admit` (a warm spare, `tenplex agent --standby`, joins).
+`--at-step S` on `stop`, `devices`, `layout` and `admit` lands the job's planned changes at step S (the
+round trains to it, saves it and re-forms); without it they land at the workers' next step boundary.
 
 `status` and `stop` serve both kinds of job: with a RUN_DIR, a `tenplex run`'s (its cluster.json); without,
 an agent job's, through its rendezvous endpoint."""
@@ -60,7 +60,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("devices", metavar="DEVICES", help="the device indices its workers run on, e.g. 0,2,3")
     add_flags(d, AgentConfig, only=("endpoint", "run_id"))
     _at_step(d)
+    d.add_argument("--failed", action="store_true",
+                   help="the devices left out failed: their workers are killed now (not at a step "
+                   "boundary) and the job goes on without them from its newest snapshot")  # fmt: skip
     d.set_defaults(func=_devices)
+
+    a = sub.add_parser("admit", help="let a warm spare (`tenplex agent --standby`) join an agent job")
+    a.add_argument("host", metavar="STORE_URL", help="the spare's store URL (--advertise, --store-port)")
+    add_flags(a, AgentConfig, only=("endpoint", "run_id"))
+    _at_step(a)
+    a.set_defaults(func=_admit)
 
     lay = sub.add_parser("layout", help="ask an agent job for a layout (at a step boundary), or `auto`")
     lay.add_argument("layout", metavar="LAYOUT", help="dp=2,tp=2,pp=1 (taken by worlds it fits), or auto")
@@ -132,7 +141,8 @@ def _job(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any]]]:
 
     base = connect(args.rdzv_endpoint, timeout=10)
     agents = []
-    for entry in known_stores(base, args.rdzv_id):
+    newest = {e.url: e for e in known_stores(base, args.rdzv_id)}  # a store restarted on its port: once
+    for entry in newest.values():
         key = job_key(args.rdzv_id, "agent", entry.url)
         if has(base, key):
             agents.append({**get_json(base, key), "incarnation": entry.incarnation})
@@ -201,11 +211,15 @@ def _stop(args: argparse.Namespace) -> int:
 
 def _devices(args: argparse.Namespace) -> int:
     from ..runtime.agentconfig import parse_devices
-    from ..runtime.asked import ask_devices
+    from ..runtime.asked import ask_devices, waits
 
     wanted = parse_devices(args.devices)
     base, agents = _job(args)
     found = [a for a in agents if args.host in (a["store"], a["host"])]
+    if not found and not args.failed and waits(base, args.rdzv_id, args.host):  # a spare, not let in yet
+        ask_devices(base, args.rdzv_id, args.host, wanted)
+        print(f"job {args.rdzv_id}: the spare at {args.host} joins with devices {wanted}")
+        return 0
     if not found:
         named = ", ".join(a["store"] for a in agents) or "none"
         raise TenplexError(f"job {args.rdzv_id}: no agent at {args.host!r} (its agents' stores: {named})")
@@ -213,10 +227,33 @@ def _devices(args: argparse.Namespace) -> int:
         named = ", ".join(a["store"] for a in found)
         raise TenplexError(f"job {args.rdzv_id}: {len(found)} agents at {args.host!r}; name a store: {named}")
     agent = found[0]
+    had = list(agent.get("devices", []))
+    if args.failed:
+        if args.at_step is not None:
+            raise TenplexError("--failed takes effect at once; it has no --at-step")
+        failed = [d for d in had if d not in wanted]
+        if not failed or not set(wanted) <= set(had):
+            raise TenplexError(f"--failed: name the devices that stay, a part of {had} (got {wanted})")
+        ask_devices(base, args.rdzv_id, agent["store"], wanted, failed=failed)
+        print(f"job {args.rdzv_id}: {agent['store']} devices {failed} failed; the job goes on with {wanted}")
+        return 0
     _ask_at(base, args)
     ask_devices(base, args.rdzv_id, agent["store"], wanted)
-    print(f"job {args.rdzv_id}: {agent['store']} goes from devices {agent.get('devices')} to {wanted} "
-          f"{_when(args)}")  # fmt: skip
+    print(f"job {args.rdzv_id}: {agent['store']} goes from devices {had} to {wanted} {_when(args)}")
+    return 0
+
+
+def _admit(args: argparse.Namespace) -> int:
+    from ..runtime.asked import admit, waits
+    from ..runtime.rounds import connect
+
+    base = connect(args.rdzv_endpoint, timeout=10)
+    if not waits(base, args.rdzv_id, args.host):
+        raise TenplexError(f"job {args.rdzv_id}: no spare waits at {args.host} (start one: tenplex agent "
+                           "--standby ... --advertise ADDR --store-port PORT)")  # fmt: skip
+    _ask_at(base, args)
+    admit(base, args.rdzv_id, args.host)
+    print(f"job {args.rdzv_id}: {args.host} joins {_when(args)}")
     return 0
 
 

@@ -29,14 +29,14 @@ from ..store.process import StoreProcess, start_store
 from ..util import env, logs
 from . import rendezvous
 from .agentconfig import AgentConfig
-from .asked import asked_at, asked_devices, asked_layout, stop_asked
+from .asked import admitted, asked_at, asked_devices, asked_layout, failed_devices, offer, stop_asked
 from .beacon import Beacon
 from .channel import put
 from .durable_tier import EveryNth
 from .membership import Membership
-from .record_types import Change, End, FoundLost, Left, RoundFormed, RoundLoaded, Store
+from .record_types import Change, End, FoundLost, Left, RoundFormed, RoundLoaded, Standby, Store
 from .records import Records
-from .rounds import AgentError, Round, StoreEntry, has, job_key, known_stores, register_store
+from .rounds import AgentError, Round, StoreEntry, connect, has, job_key, known_stores, register_store
 from .workers import Workers
 
 log = logs.get("agent")
@@ -68,6 +68,7 @@ class Agent:
         self.silent_s = 3.0  # a member silent this long is lost (torch's heartbeat expiry, set in run)
         self.tier: EveryNth | None = None  # node 0's persists (--persist-every), once the job is known
         self.told: tuple[int, int | None] | None = None  # the round its workers were told to stop, and at
+        self.failures = -1  # devices said failed here, as counted when it joined (earlier ones are not its)
 
     # -- the host's store and workers -------------------------------------------------------------
 
@@ -110,6 +111,8 @@ class Agent:
         self.base = rs.underlying_store
         run_id = self.cfg.run_id
         register_store(self.base, run_id, self.entry)
+        if self.failures < 0:
+            self.failures = failed_devices(self.base, run_id, self.entry.url)[1]
         self.base.delete_key(job_key(run_id, "left", self.entry.url))  # back on its port: a member again
         devices = self._wanted()
         self.workers.grow(devices)
@@ -239,8 +242,14 @@ class Agent:
 
     def _asked(self, rnd: Round) -> str | None:
         """What `tenplex devices` or `tenplex layout` asked that this round does not have, if anything;
-        forks for added devices start at once (they warm while the round saves)."""
+        forks for added devices start at once (they warm while the round saves). Devices said failed
+        (`tenplex devices --failed`) lose their workers now: the round breaks, as on a real failure."""
         assert self.base is not None
+        failed, count = failed_devices(self.base, self.cfg.run_id, self.entry.url)
+        if count > self.failures:
+            self.failures = count
+            self.workers.kill([d for d in failed if d in rnd.devices])
+            return None  # the dead workers end the round on the next look
         wanted = self._wanted()
         if wanted != rnd.devices:
             self.workers.grow(wanted)
@@ -334,11 +343,29 @@ class Agent:
         )
         self.handler, self.silent_s = rendezvous.handler(settings)
         try:
+            if cfg.standby and not self._admitted():
+                return 0  # told to leave, or the job stopped, before it was let in
             return self._rounds()
         except (RuntimeError, RendezvousError) as e:  # the rendezvous store is gone, or cut off from here
             raise AgentError(f"lost the rendezvous at {self.cfg.endpoint}: {e}") from None
         finally:
             self._end()
+
+    def _admitted(self) -> bool:
+        """A warm spare (`--standby`): its store started and its workers warm, it waits to join until
+        `tenplex admit` names its store, so a join costs the job no start-up; False: it was told to leave
+        (a signal), or the job stopped, first."""
+        base, run_id, url = connect(self.cfg.endpoint), self.cfg.run_id, self.entry.url
+        offer(base, run_id, url, True)
+        self.records.write(Standby(url))
+        try:
+            while not self.leaving and not stop_asked(base, run_id):
+                if admitted(base, run_id, url):
+                    return True
+                time.sleep(self.cfg.monitor_interval)
+            return False
+        finally:
+            offer(base, run_id, url, False)
 
     def _rounds(self) -> int:
         rnd, members = self._rendezvous()

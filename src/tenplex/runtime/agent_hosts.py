@@ -69,14 +69,19 @@ class Hosts:
         ports), a free one on loopback (they share this machine's)."""
         return default if self.net is not None else free_port()
 
-    def popen(self, name: str, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    def popen(
+        self, name: str, argv: list[str], env: dict[str, str], log: Path, pipes: bool = False
+    ) -> subprocess.Popen:
+        """`argv` on host `name`, its output into `log` (`pipes`: its stdin and stdout are the caller's,
+        text lines; its stderr into `log`)."""
         with open(log, "a") as out:
             kw: dict[str, Any] = {
                 "env": env,
-                "stdout": out,
-                "stderr": subprocess.STDOUT,
-                "stdin": subprocess.DEVNULL,
+                "stdout": subprocess.PIPE if pipes else out,
+                "stderr": out if pipes else subprocess.STDOUT,
+                "stdin": subprocess.PIPE if pipes else subprocess.DEVNULL,
                 "cwd": self.run_dir,
+                "text": pipes,
             }
             p = self.net.popen(name, argv, **kw) if self.net is not None else subprocess.Popen(argv, **kw)
         self.procs.setdefault(name, []).append(p)
@@ -172,13 +177,17 @@ class AgentJob:
         self.extra = list(extra)
         self.agents: dict[str, subprocess.Popen] = {}
         self.leaving: dict[str, subprocess.Popen] = {}  # told to leave, not ended yet
+        self.asker: subprocess.Popen | None = None  # `ask`'s process, started on the first ask
+        self.nprocs: dict[str, int] = {}  # host -> the workers its agent was started with
         self.stores: dict[str, int] = {}  # host -> store port
         self.rdzv = Rendezvous(hosts)
         self.endpoint = self.rdzv.endpoint
 
-    def start(self, name: str, nproc: int | None = None) -> subprocess.Popen:
-        """The agent of host `name`, with `nproc` workers (the job's default: `self.nproc`)."""
+    def start(self, name: str, nproc: int | None = None, standby: bool = False) -> subprocess.Popen:
+        """The agent of host `name`, with `nproc` workers (the job's default: `self.nproc`); `standby`: a
+        warm spare that joins once let in (`tenplex admit`)."""
         addr = self.hosts.add(name)
+        self.nprocs[name] = nproc or self.nproc
         self.stores.setdefault(name, self.hosts.port(name, 7070))
         cmd = [
             sys.executable,
@@ -188,7 +197,8 @@ class AgentJob:
             "--nnodes",
             self.nodes,
             "--nproc-per-node",
-            str(nproc or self.nproc),
+            str(self.nprocs[name]),
+            *(["--standby"] if standby else []),
             "--rdzv-endpoint",
             self.endpoint,
             "--rdzv-id",
@@ -210,18 +220,48 @@ class AgentJob:
         self.agents[name] = p
         return p
 
-    def devices(self, name: str, devices: Sequence[int], at: int | None = None) -> None:
-        """Host `name`'s devices become `devices` (`tenplex devices`), at step `at` or the next boundary."""
-        self.ask("devices", self.store_url(name), ",".join(map(str, devices)), at=at)
+    def devices(self, name: str, devices: Sequence[int], at: int | None = None, failed: bool = False) -> None:
+        """Host `name`'s devices become `devices` (`tenplex devices`), at step `at` or the next boundary;
+        `failed`: those left out fail now."""
+        listed = ",".join(map(str, devices))
+        self.ask("devices", self.store_url(name), listed, *(["--failed"] if failed else []), at=at)
 
-    def ask(self, *args: str, at: int | None = None) -> None:
-        """`tenplex ARGS` for this job (devices, layout, stop), from the rendezvous' host."""
+    def ask(self, *args: str, at: int | None = None) -> str:
+        """`tenplex ARGS` for this job (devices, layout, stop), from the rendezvous' host, through one
+        process kept for the asks (`cli/asker.py`: no interpreter started per ask); what it printed."""
+        if self.asker is None:
+            argv = [sys.executable, "-m", "tenplex.cli.asker"]
+            log = self.hosts.run_dir / "asker.log"
+            self.asker = self.hosts.popen("rdzv", argv, self.hosts.environ(), log, pipes=True)
         when = [] if at is None else ["--at-step", str(at)]
-        argv = [sys.executable, "-m", "tenplex.cli.main", *args, "--rdzv-endpoint", self.endpoint,
-                "--rdzv-id", self.job, *when]  # fmt: skip
-        done = self.hosts.run("rdzv", argv)
-        if done.returncode:
-            raise AgentError(f"tenplex {args[0]}: {done.stderr.strip()}")
+        asked = [*args, "--rdzv-endpoint", self.endpoint, "--rdzv-id", self.job, *when]
+        assert self.asker.stdin is not None and self.asker.stdout is not None
+        self.asker.stdin.write(json.dumps(asked) + "\n")
+        self.asker.stdin.flush()
+        line = self.asker.stdout.readline()
+        if not line:
+            raise AgentError(f"the asker ended: {(self.hosts.run_dir / 'asker.log').read_text()[-2000:]}")
+        done = json.loads(line)
+        if done["code"]:
+            raise AgentError(f"tenplex {args[0]}: {done['err'].strip()}")
+        return done["out"]
+
+    def waiting(self, name: str) -> bool:
+        """Whether host `name`'s agent is a spare that waits, warm, to be let in (its last record says so)."""
+        recs = _records(self.hosts.run_dir / name / "agent.jsonl")
+        return name in self.agents and bool(recs) and recs[-1]["kind"] == "standby"
+
+    def ranks(self) -> list[tuple[str, int]]:
+        """(host, device) of every rank of the newest round, in rank order (from the agents' records: each
+        says its node and its devices)."""
+        formed = {}
+        for name in self.agents:
+            recs = [r for r in _records(self.hosts.run_dir / name / "agent.jsonl") if r["kind"] == "round"]
+            if recs:
+                formed[name] = recs[-1]
+        newest = max((r["round"] for r in formed.values()), default=None)
+        nodes = sorted((r["node"], name, r["devices"]) for name, r in formed.items() if r["round"] == newest)
+        return [(name, d) for _, name, devices in nodes for d in devices]
 
     def store_url(self, name: str) -> str:
         return f"http://{self.hosts.add(name)}:{self.stores[name]}"
@@ -256,6 +296,9 @@ class AgentJob:
 
     def close(self) -> None:
         """Every agent told to go at once (SIGINT twice), then whatever is left killed; stores stopped."""
+        if self.asker is not None:  # its stdin closed, it ends (else `Hosts.close` kills it)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.asker.communicate(timeout=10)
         self.agents.update(self.leaving)
         self.leaving.clear()
         for name in list(self.agents):

@@ -82,6 +82,11 @@ class AgentConfig:
         "where those checkpoints go (every host's agent must see the same directory: a shared file system); "
         "the workers fall back to the newest when no store holds the job's state",
     )
+    standby: bool = flag(
+        False,
+        "a warm spare: start the store and warm the workers, then wait to join the job until `tenplex "
+        "admit` names this host's store",
+    )
     run_dir: str = flag("", "records and logs (default tenplex-agent-RDZV_ID)")
     keep_store: bool = flag(False, "leave the store running when the job ends")
     min_nodes: int = field(init=False)  # from nnodes

@@ -7,10 +7,11 @@ or `auto`), `tenplex devices --at-step S` for a host whose devices change, a new
 joins, SIGTERM for one that leaves; the agents hold every one of these until the round trained S, then
 form the next round, which loads S (an ask that comes after S was trained lands at the next step
 boundary: `log` says where each landed). A failure is not planned: once the job trained step S, the host is
-lost (agent, workers and store killed at once), and the agents find it and go on without it.
+lost (agent, workers and store killed at once) or the ranks' devices fail (`tenplex devices --failed`: their
+workers killed at once), and the agents go on without them from the newest snapshot.
 
-Not yet on agents (the local controller runs them): events by wall time, a rank's failure and a
-partition; asked for, the driver refuses the schedule before anything starts.
+Not yet on agents (the local controller runs them): events by wall time and a partition; asked for, the
+driver refuses the schedule before anything starts.
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ def by_host(devices: list[str]) -> dict[str, list[int]]:
 def refuse(events: list[Event]) -> None:
     """What the agents cannot follow yet, said before anything starts."""
     for e in events:
-        if e.time is not None or e.fail or e.partition:
-            what = "events by time" if e.time is not None else "a rank's failure" if e.fail else "a partition"
+        if e.time is not None or e.partition:
+            what = "events by time" if e.time is not None else "a partition"
             raise DriverError(f"{e.describe()}: {what} is not played on agents yet")
 
 
@@ -64,24 +65,54 @@ class ScheduleDriver:
         self.job, self.events, self.out = job, events, out
         self.pool = Pool(devices_per_host)
         self.allocation: list[str] = []
+        self.spares: set[str] = set()  # hosts whose agent waits, warm, to be let in (`--standby`)
         self.log: list[dict[str, Any]] = []  # per event: when it was asked and the step it landed at
 
     def start(self, timeout: float = 300) -> None:
-        """The first event's devices: an agent per host, its devices 0..n-1; until the job's ranks loaded."""
+        """The first event's devices: an agent per host, its devices 0..n-1, and a warm spare for each
+        host a later event adds; until the job's ranks loaded."""
         first = self.events[0]
         self.allocation = allocate(first, [], self.pool)
         for host, devices in by_host(self.allocation).items():
             self.job.start(host, nproc=len(devices))
+        self._warm_spares(1)
         self._landed(lambda r: True, len(self.allocation), first, timeout)
 
     def follow(self, timeout: float = 300) -> None:
-        """Every later event, in step order; each waits until the one before landed."""
-        for e in self.events[1:]:
+        """Every later event, in step order; each waits until the one before landed. The spares never
+        let in are told to leave at the end."""
+        for i, e in enumerate(self.events[1:], 2):
             assert e.step is not None
             if e.fail_hosts:
                 self._lose(e, timeout)
+            elif e.fail:
+                self._fail(e, timeout)
             else:
                 self._plan(e, timeout)
+            self._warm_spares(i)
+        for host in sorted(self.spares):
+            self.job.leave(host, timeout)
+        self.spares.clear()
+
+    def _warm_spares(self, index: int) -> None:
+        """A warm spare for each host that an event from `index` on adds (as far as the allocation can be
+        foreseen: which device a rank's failure takes is known only then) and that has no agent now."""
+        pool = Pool(self.pool.devices_per_host, failed_hosts=set(self.pool.failed_hosts),
+                    failed_devices=set(self.pool.failed_devices))  # fmt: skip
+        alloc, first = self.allocation, {}
+        for e in self.events[index:]:
+            if e.fail:
+                continue
+            pool.failed_hosts |= set(e.fail_hosts)
+            after = allocate(Event(step=e.step) if e.fail_hosts else e, alloc, pool)
+            for host, devices in by_host(after).items():
+                if host not in by_host(alloc):
+                    first.setdefault(host, len(devices))
+            alloc = after
+        for host, nproc in first.items():
+            if host not in self.job.agents and host not in self.job.leaving and host not in self.spares:
+                self.job.start(host, nproc=nproc, standby=True)
+                self.spares.add(host)
 
     def _plan(self, e: Event, timeout: float) -> None:
         at = e.step
@@ -90,8 +121,8 @@ class ScheduleDriver:
         before, after = by_host(self.allocation), by_host(new)
         layout = ",".join(f"{k}={v}" for k, v in e.layout.items()) if e.layout else "auto"
         self.job.ask("layout", layout, at=at)  # first: no agent sees the others without the step
-        for host in after.keys() - before.keys():  # next: their workers warm while the job trains to `at`
-            self.job.start(host, nproc=len(after[host]))
+        for host in after.keys() - before.keys():  # next: a spare is let in, else one starts (and warms)
+            self._join(host, after[host], at, timeout)
         for host in before.keys() & after.keys():
             if before[host] != after[host]:
                 self.job.devices(host, after[host], at=at)
@@ -103,6 +134,18 @@ class ScheduleDriver:
         for host in leaving:
             self.job.ended(host, timeout)
         self.log.append({"event": e.describe(), "step": at, "landed": landed})
+
+    def _join(self, host: str, devices: list[int], at: int, timeout: float) -> None:
+        """`host` joins at step `at`: its warm spare let in (with its devices asked first where the
+        allocation gives it other ones than it warmed), else a new agent."""
+        if host not in self.spares:
+            self.job.start(host, nproc=len(devices))
+            return
+        self.spares.discard(host)
+        self.job.wait(f"the spare on {host}", lambda: self.job.waiting(host), timeout)
+        if devices != list(range(len(devices))) or len(devices) != self.job.nprocs[host]:
+            self.job.devices(host, devices, at=at)
+        self.job.ask("admit", self.job.store_url(host), at=at)
 
     def _lose(self, e: Event, timeout: float) -> None:
         """Once the job trained the event's step: its hosts lost, and a round without them loaded."""
@@ -117,6 +160,25 @@ class ScheduleDriver:
             self.pool.failed_hosts.add(host)
         self.allocation = allocate(Event(step=at), self.allocation, self.pool)
         landed = self._landed(lambda r: r["start"]["time"] > lost, len(self.allocation), e, timeout)
+        self.log.append({"event": e.describe(), "step": at, "landed": landed})
+
+    def _fail(self, e: Event, timeout: float) -> None:
+        """Once the job trained the event's step: its ranks' devices fail (`tenplex devices --failed`: their
+        workers killed at once), and a round without them loaded."""
+        at = e.step
+        assert at is not None
+        self.job.wait(f"step {at}", lambda: step_now(self.out) >= at, timeout)
+        placed = self.job.ranks()
+        if any(r >= len(placed) for r in e.fail):
+            raise DriverError(f"{e.describe()}: the job has {len(placed)} ranks")
+        gone = {placed[r] for r in e.fail}
+        failed = time.time()
+        for host, devices in by_host(self.allocation).items():
+            if any(h == host for h, _ in gone):
+                self.job.devices(host, [d for d in devices if (host, d) not in gone], failed=True)
+        self.pool.failed_devices |= {f"{h}/d{d}" for h, d in gone}
+        self.allocation = allocate(Event(step=at), self.allocation, self.pool)
+        landed = self._landed(lambda r: r["start"]["time"] > failed, len(self.allocation), e, timeout)
         self.log.append({"event": e.describe(), "step": at, "landed": landed})
 
     def _landed(self, which: Any, world: int, e: Event, timeout: float) -> int:

@@ -381,6 +381,12 @@ class WorkerFailed(Record):
 
 
 @dataclass(frozen=True)
+class Standby(Record):
+    kind = Kind.STANDBY  # a warm spare (`--standby`) waits to be let in (`tenplex admit`)
+    store: str
+
+
+@dataclass(frozen=True)
 class Left(Record):
     kind = Kind.LEFT
     round: int

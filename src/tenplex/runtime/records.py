@@ -63,6 +63,7 @@ class Kind(StrEnum):
     FOUND_LOST = "found_lost"
     WORKER_FAILED = "worker_failed"
     LEFT = "left"
+    STANDBY = "standby"
     END = "end"
 
 

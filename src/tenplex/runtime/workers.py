@@ -127,6 +127,12 @@ class Workers:
             put(self.store, f"broken/{rnd.number}", why)
         put(self.store, f"stop/{rnd.number}", stop_word(why, None if broken else at))
 
+    def kill(self, devices: list[int]) -> None:
+        """The workers of `devices` killed at once, as a failed device takes its process with it."""
+        for d in devices:
+            if self.slots[d].proc.poll() is None:
+                self.slots[d].proc.kill()
+
     def ready(self, rnd: Round) -> bool:
         """Whether the round's ranks have loaded (rank 0 says so, on node 0)."""
         return has(self.store, f"ready/{rnd.number}")

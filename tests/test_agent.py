@@ -235,8 +235,8 @@ def test_a_hosts_devices_and_the_layout_change_while_it_stays(tmp_path, static) 
 
 
 # a join, a host lost, a redeploy onto fresh hosts (every agent leaves, new ones join), a scale-out with a
-# layout named, each 24 steps (11 s) apart (an ask's command starts up, a torch import, and a joining agent
-# warms its workers while the job trains to the step), then a rank's device fails
+# layout named, each 24 steps (11 s) apart (a spare for a host that joins again warms meanwhile), a rank's
+# device failed, and a scale-in by time (at the next step boundary)
 SCHEDULE = [
     {"step": 0, "devices": 2},
     {"step": 24, "devices": 4},
@@ -244,6 +244,7 @@ SCHEDULE = [
     {"step": 72, "redeploy": True},
     {"step": 96, "devices": 4, "layout": {"dp": 1, "tp": 2, "pp": 2}},
     {"step": 108, "fail": [3]},
+    {"time": 0, "devices": 2},  # at once once the failure's round loaded: at the next step boundary
 ]
 
 
@@ -252,10 +253,9 @@ def test_a_schedule_played_on_agents(tmp_path, static) -> None:
     at its step (the round trains to it, the next loads it), the lost host's shards come from their
     replica, the redeploy's new hosts load from the old hosts' stores (kept until the new round loaded),
     the failed device's rank is gone from the next round; the losses equal the static run's and every
-    sample is used once. A schedule the agents cannot play
-    yet is refused before anything starts."""
-    with pytest.raises(DriverError, match="events by time is not played on agents yet"):
-        refuse(parse_schedule([{"step": 0, "devices": 2}, {"time": 5, "devices": 1}]))
+    sample is used once. A partition on loopback hosts is refused before anything starts."""
+    with pytest.raises(DriverError, match="a partition needs namespace hosts"):
+        refuse(parse_schedule([{"step": 0, "devices": 2}, {"step": 5, "partition": ["h0"]}]), False)
     hosts = Hosts(tmp_path)
     job = AgentJob(hosts, "sched", _target(tmp_path, "sched", 0.45))
     out = tmp_path / "out"
@@ -268,10 +268,10 @@ def test_a_schedule_played_on_agents(tmp_path, static) -> None:
     finally:
         job.close()
         hosts.close()
-    planned = [(x["step"], x["landed"]) for x in driver.log if "fail" not in x["event"]]
+    planned = [(x["step"], x["landed"]) for x in driver.log if "fail" not in x["event"] and x["step"]]
     assert planned == [(24, 24), (72, 72), (96, 96)], driver.log
     rs = [r for r in rounds(out) if r["ready"]]
-    assert [r["ready"]["world"] for r in rs] == [2, 4, 2, 2, 4, 3], [r["ready"] for r in rs]
+    assert [r["ready"]["world"] for r in rs] == [2, 4, 2, 2, 4, 3, 2], [r["ready"] for r in rs]
     assert rs[4]["ready"]["layout"] == "dp1-tp2-pp2"
     assert rs[0]["start"]["kind"] == "fresh" and all(r["start"]["kind"] == "loaded" for r in rs[1:])
     pids = [set(r["ready"]["pids"]) for r in rs]
@@ -337,32 +337,31 @@ def test_agent_refuses_bad_input_in_one_line(tmp_path) -> None:
 
 
 def test_a_host_cut_off_is_dropped_and_the_job_goes_on(tmp_path) -> None:
-    """Namespace hosts: B's link goes down mid-round (no error reaches anyone: a collective with it would
-    wait forever). A's agent hears nothing from B's, ends the round, restarts the workers stuck in it,
-    and the job goes on alone from the newest snapshot, B's store counted lost."""
+    """Namespace hosts: h1's link goes down mid-round (a partition in the schedule, played by the driver:
+    no error reaches anyone, a collective with it would wait forever). h0's agent hears nothing from
+    h1's, ends the round, restarts the workers stuck in it, and the job goes on alone from the newest
+    snapshot, h1's store counted lost."""
     if netns.unavailable():
         pytest.skip(netns.unavailable() or "")
     hosts = Hosts(tmp_path, "netns", gbps=1.0)
     job = AgentJob(hosts, "cut", _target(tmp_path, "cut", 0.3, steps=60))
     out = tmp_path / "out"
+    driver = ScheduleDriver(
+        job, parse_schedule([{"step": 0, "devices": 4}, {"step": 6, "partition": ["h1"]}]), out
+    )
     try:
-        a = job.start("A")
-        job.start("B")
-        job.wait("the 4-worker world to train", lambda: trained(out, 4) >= 3)
-        assert hosts.net is not None
-        b_url, cut_at = job.store_url("B"), time.time()
-        hosts.net.partition("B")
-        job.agents.pop("B")
-        assert a.wait(240) == 0, (tmp_path / "agent-A.log").read_text()[-4000:]
+        driver.start()
+        b_url = job.store_url("h1")
+        driver.follow()
+        assert job.agents["h0"].wait(240) == 0, (tmp_path / "agent-h0.log").read_text()[-4000:]
     finally:
         job.close()
         hosts.close()
     rs = [r for r in rounds(out) if r["ready"]]
-    after = next(r for r in rs if r["start"]["time"] > cut_at)
-    assert after["ready"]["world"] == 2 and after["start"]["kind"] == "loaded", after["start"]
-    assert b_url in after["start"]["lost_stores"], after["start"]
+    assert [r["ready"]["world"] for r in rs] == [4, 2], [r["ready"] for r in rs]
+    assert rs[1]["start"]["kind"] == "loaded" and b_url in rs[1]["start"]["lost_stores"], rs[1]["start"]
     assert rs[-1]["done"]["step"] == 60 and ledger(out)["ok"]
-    changes = [r for r in _records(tmp_path / "A") if r["kind"] == "change"]
+    changes = [r for r in _records(tmp_path / "h0") if r["kind"] == "change"]
     assert any("fell silent" in c["why"] for c in changes), changes
     print("cut off: downtime", [(d["world"], round(d["downtime"], 2)) for d in downtimes(out)])
 

@@ -284,6 +284,15 @@ class AgentJob:
             raise AgentError(f"the agent of {name} left with exit code {code}:\n{self._log(name)[-3000:]}")
         return code
 
+    def cut(self, name: str) -> float:
+        """Host `name`'s link down (namespace hosts): nothing reaches it, no error either; its agent is no
+        longer the job's (it is killed with the hosts at the end)."""
+        assert self.hosts.net is not None
+        t = time.time()
+        self.hosts.net.partition(name)
+        self.agents.pop(name)
+        return t
+
     def lose(self, name: str) -> float:
         self.agents.pop(name, None)
         return self.hosts.lose(name, [self.store_pid(name)])

@@ -7,11 +7,10 @@ or `auto`), `tenplex devices --at-step S` for a host whose devices change, a new
 joins, SIGTERM for one that leaves; the agents hold every one of these until the round trained S, then
 form the next round, which loads S (an ask that comes after S was trained lands at the next step
 boundary: `log` says where each landed). A failure is not planned: once the job trained step S, the host is
-lost (agent, workers and store killed at once) or the ranks' devices fail (`tenplex devices --failed`: their
-workers killed at once), and the agents go on without them from the newest snapshot.
-
-Not yet on agents (the local controller runs them): events by wall time and a partition; asked for, the
-driver refuses the schedule before anything starts.
+lost (agent, workers and store killed at once) or cut off (a partition, namespace hosts only), or the
+ranks' devices fail (`tenplex devices --failed`: their workers killed at once), and the agents go on
+without them from the newest snapshot. An event by time waits for its second since the start and lands
+at the next step boundary.
 """
 
 from __future__ import annotations
@@ -49,23 +48,23 @@ def by_host(devices: list[str]) -> dict[str, list[int]]:
     return out
 
 
-def refuse(events: list[Event]) -> None:
-    """What the agents cannot follow yet, said before anything starts."""
+def refuse(events: list[Event], namespaces: bool) -> None:
+    """What the agents cannot play, said before anything starts."""
     for e in events:
-        if e.time is not None or e.partition:
-            what = "events by time" if e.time is not None else "a partition"
-            raise DriverError(f"{e.describe()}: {what} is not played on agents yet")
+        if e.partition and not namespaces:
+            raise DriverError(f"{e.describe()}: a partition needs namespace hosts (--network netns)")
 
 
 class ScheduleDriver:
     """Plays `events` on `job`'s agents; `out` is where the job's rounds write their records."""
 
     def __init__(self, job: AgentJob, events: list[Event], out: Path, devices_per_host: int = 2) -> None:
-        refuse(events)
+        refuse(events, job.hosts.net is not None)
         self.job, self.events, self.out = job, events, out
         self.pool = Pool(devices_per_host)
         self.allocation: list[str] = []
         self.spares: set[str] = set()  # hosts whose agent waits, warm, to be let in (`--standby`)
+        self.started = time.monotonic()  # events by time count from here
         self.log: list[dict[str, Any]] = []  # per event: when it was asked and the step it landed at
 
     def start(self, timeout: float = 300) -> None:
@@ -79,12 +78,13 @@ class ScheduleDriver:
         self._landed(lambda r: True, len(self.allocation), first, timeout)
 
     def follow(self, timeout: float = 300) -> None:
-        """Every later event, in step order; each waits until the one before landed. The spares never
-        let in are told to leave at the end."""
+        """Every later event, in the schedule's order; each waits until the one before landed (one by time
+        also until its second since the start). The spares never let in are told to leave at the end."""
         for i, e in enumerate(self.events[1:], 2):
-            assert e.step is not None
-            if e.fail_hosts:
-                self._lose(e, timeout)
+            if e.time is not None:
+                self.job.wait(f"second {e.time:g}", lambda e=e: self._elapsed() >= e.time, e.time + timeout)
+            if e.fail_hosts or e.partition:
+                self._hosts_fail(e, timeout)
             elif e.fail:
                 self._fail(e, timeout)
             else:
@@ -93,6 +93,9 @@ class ScheduleDriver:
         for host in sorted(self.spares):
             self.job.leave(host, timeout)
         self.spares.clear()
+
+    def _elapsed(self) -> float:
+        return time.monotonic() - self.started
 
     def _warm_spares(self, index: int) -> None:
         """A warm spare for each host that an event from `index` on adds (as far as the allocation can be
@@ -103,8 +106,8 @@ class ScheduleDriver:
         for e in self.events[index:]:
             if e.fail:
                 continue
-            pool.failed_hosts |= set(e.fail_hosts)
-            after = allocate(Event(step=e.step) if e.fail_hosts else e, alloc, pool)
+            pool.failed_hosts |= {*e.fail_hosts, *e.partition}
+            after = allocate(Event(step=e.step) if e.fail_hosts or e.partition else e, alloc, pool)
             for host, devices in by_host(after).items():
                 if host not in by_host(alloc):
                     first.setdefault(host, len(devices))
@@ -115,8 +118,9 @@ class ScheduleDriver:
                 self.spares.add(host)
 
     def _plan(self, e: Event, timeout: float) -> None:
-        at = e.step
-        assert at is not None
+        """A planned change: at its step (every ask with `--at-step`), or, by time, at the next step
+        boundary (the asks without: that also clears an earlier event's step)."""
+        at, asked = e.step, time.time()
         new = allocate(e, self.allocation, self.pool)
         before, after = by_host(self.allocation), by_host(new)
         layout = ",".join(f"{k}={v}" for k, v in e.layout.items()) if e.layout else "auto"
@@ -130,12 +134,15 @@ class ScheduleDriver:
         for host in leaving:
             self.job.leave(host, wait=False)
         self.allocation = new
-        landed = self._landed(lambda r: r["start"]["step"] >= at, len(new), e, timeout)
+        if at is None:
+            landed = self._landed(lambda r: r["start"]["time"] > asked, len(new), e, timeout)
+        else:
+            landed = self._landed(lambda r: r["start"]["step"] >= at, len(new), e, timeout)
         for host in leaving:
             self.job.ended(host, timeout)
         self.log.append({"event": e.describe(), "step": at, "landed": landed})
 
-    def _join(self, host: str, devices: list[int], at: int, timeout: float) -> None:
+    def _join(self, host: str, devices: list[int], at: int | None, timeout: float) -> None:
         """`host` joins at step `at`: its warm spare let in (with its devices asked first where the
         allocation gives it other ones than it warmed), else a new agent."""
         if host not in self.spares:
@@ -147,19 +154,24 @@ class ScheduleDriver:
             self.job.devices(host, devices, at=at)
         self.job.ask("admit", self.job.store_url(host), at=at)
 
-    def _lose(self, e: Event, timeout: float) -> None:
-        """Once the job trained the event's step: its hosts lost, and a round without them loaded."""
+    def _hosts_fail(self, e: Event, timeout: float) -> None:
+        """Once the job trained the event's step: its hosts lost (`fail_hosts`: everything on them killed)
+        or cut off (`partition`, namespace hosts: their links down, their agents left to the others'
+        heartbeats), and a round without them loaded."""
         at = e.step
         assert at is not None
         self.job.wait(f"step {at}", lambda: step_now(self.out) >= at, timeout)
-        lost = time.time()
-        for host in e.fail_hosts:
+        failed = time.time()
+        for host in (*e.fail_hosts, *e.partition):
             if host not in by_host(self.allocation):
                 raise DriverError(f"{e.describe()}: {host} is not one of the job's hosts")
-            self.job.lose(host)
+            if host in e.fail_hosts:
+                self.job.lose(host)
+            else:
+                self.job.cut(host)
             self.pool.failed_hosts.add(host)
         self.allocation = allocate(Event(step=at), self.allocation, self.pool)
-        landed = self._landed(lambda r: r["start"]["time"] > lost, len(self.allocation), e, timeout)
+        landed = self._landed(lambda r: r["start"]["time"] > failed, len(self.allocation), e, timeout)
         self.log.append({"event": e.describe(), "step": at, "landed": landed})
 
     def _fail(self, e: Event, timeout: float) -> None:

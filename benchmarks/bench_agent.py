@@ -20,7 +20,7 @@ each runtime:
   four changes (its own downtime accounting, from its summary).
 
 Downtime: from the old round's last step to the new round's first, less one step's time (0.2 s steps
-here); the agent's in parts too, from its rounds' records (`agent_hosts.round_parts`). For a lost host,
+here); the agent's in parts too, from its rounds' records (`round_records.round_parts`). For a lost host,
 `detect_s` is the part before the new round formed (the agents take a host whose store refuses or is
 unreachable out of the rendezvous once a collective breaks; torch's rendezvous drops a silent one after
 its heartbeats lapse: 1 s x 3), reported on its own; `after_detect_s` the rest.
@@ -43,18 +43,9 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(__file__))
 from common import print_rows, write_results
 from tenplex.runtime import netns
-from tenplex.runtime.agent_hosts import (
-    PARTS,
-    TABLE,
-    AgentJob,
-    Hosts,
-    Rendezvous,
-    downtimes,
-    reference_target,
-    trained,
-    wait_until,
-)
+from tenplex.runtime.agent_hosts import TABLE, AgentJob, Hosts, Rendezvous, reference_target, wait_until
 from tenplex.runtime.records import read_records
+from tenplex.runtime.round_records import PARTS, downtimes, trained
 
 CHANGES = [
     "scale out 2 → 4 (join)",

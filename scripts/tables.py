@@ -256,7 +256,7 @@ def agent_after(doc: dict) -> str:
 
 
 def agent_parts(row: dict) -> str:
-    """Where the agent's downtime of a change went (`agent_hosts.round_parts`), parts of 5 ms and more."""
+    """Where the agent's downtime of a change went (`round_records.round_parts`), parts of 5 ms and more."""
     parts = row.get("agent_parts", {}).items()
     return ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in parts if abs(v) >= 0.005) or "–"
 

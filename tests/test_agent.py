@@ -1,6 +1,8 @@
 """`tenplex agent` on emulated hosts (loopback, and network namespaces with 1 Gbit/s NICs): a host joins,
-is lost (agent, workers and store killed at once), an agent is restarted on it and joins, then leaves; the
-job ends on the first host. The rendezvous endpoint runs apart from the agents (`tenplex rendezvous`).
+is lost (agent, workers and store killed at once), a warm spare on a new host is let in at an asked step,
+then leaves at one; the job ends on the first host. The rendezvous endpoint runs apart from the agents
+(`tenplex rendezvous`). Then changes of devices and layout at asked steps, `tenplex run`'s schedules
+played on agents (`runtime/driver.py`), a persisted checkpoint, a cut-off host, a user's FSDP2 script.
 
 Checked: the first host's workers are the same processes in every round (kept, never restarted); every
 round after the first loads a snapshot (never a fresh start while one survives: the lost host's shards
@@ -20,10 +22,11 @@ from pathlib import Path
 import pytest
 
 from tenplex.runtime import netns
-from tenplex.runtime.agent_hosts import AgentJob, Hosts, downtimes, reference_target, rounds, trained
+from tenplex.runtime.agent_hosts import AgentJob, Hosts, reference_target
 from tenplex.runtime.driver import DriverError, ScheduleDriver, refuse
 from tenplex.runtime.durable_tier import newest_checkpoint
 from tenplex.runtime.report import ledger
+from tenplex.runtime.round_records import downtimes, rounds, step_now, trained
 from tenplex.runtime.schedule import parse_schedule
 
 pytestmark = pytest.mark.dist
@@ -70,31 +73,22 @@ def _scenario(tmp: Path, network: str) -> dict:
         seen["b_url"] = job.store_url("B")
         seen["lost_at"] = job.lose("B")
         job.wait("A to recover alone", lambda: trained(out, 2, since=seen["lost_at"]) >= 3)
-        # a new host joins, then leaves, each at the step the job asked for (`--at-step` on an ask that
-        # changes nothing: `auto` is the layout already), not at the next step boundary
-        seen["join_at"] = _ask_step(hosts, job, _step_now(out) + 30)
-        again = time.time()
-        job.start("C")
-        job.wait("the 4-worker world again", lambda: trained(out, 4, since=again) >= 3)
-        seen["leave_at"] = _ask_step(hosts, job, _step_now(out) + 20)
+        # a new host joins, then leaves, each at the step the job asked for, not at the next step boundary:
+        # a warm spare let in (`tenplex admit --at-step`), then SIGTERM once the job's change step is set
+        # (`--at-step` on an ask that changes nothing: `auto` is the layout already)
+        job.start("C", standby=True)
+        job.wait("C's spare", lambda: job.waiting("C"))
+        seen["join_at"] = step_now(out) + 15
+        job.ask("admit", job.store_url("C"), at=seen["join_at"])
+        job.wait("the 4-worker world again", lambda: step_now(out) > seen["join_at"] + 3)
+        seen["leave_at"] = step_now(out) + 15
+        job.ask("layout", "auto", at=seen["leave_at"])
         assert job.leave("C") == 0
         assert a.wait(150) == 0, (tmp / "agent-A.log").read_text()[-4000:]
     finally:
         job.close()
         hosts.close()
     return seen
-
-
-def _step_now(out: Path) -> int:
-    return max((s["step"] for r in rounds(out) for s in r["steps"]), default=0)
-
-
-def _ask_step(hosts: Hosts, job: AgentJob, step: int) -> int:
-    """The job's planned changes land at `step` (its layout stays each world's own)."""
-    done = _cli(hosts, "layout", "auto", "--rdzv-endpoint", job.endpoint, "--rdzv-id", job.job, "--at-step",
-                str(step))  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return step
 
 
 # namespace hosts where they can be made (root), else loopback hosts: the same scenario, and one run of it

@@ -1,4 +1,4 @@
-"""An agent job's downtime in parts (`agent_hosts.downtimes` with the agent's records), on rounds whose
+"""An agent job's downtime in parts (`round_records.downtimes` with the agent's records), on rounds whose
 records have known times: a planned change (the old round's final save, the rendezvous after it), one
 whose round formed while the save was still under way, and a lost host (no final save)."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tenplex.runtime.agent_hosts import PARTS, downtimes
+from tenplex.runtime.round_records import PARTS, downtimes
 
 
 def _write(path: Path, recs: list[dict]) -> None:

@@ -14,7 +14,6 @@ has a copy elsewhere. Membership is torch's (`DynamicRendezvousHandler`, c10d or
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 from pathlib import Path
@@ -23,18 +22,17 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import RendezvousError
 
-from ..store import StoreError
-from ..store.client import StoreClient
-from ..store.process import StoreProcess, start_store
+from ..store.process import StoreProcess
 from ..util import env, logs
 from . import rendezvous
+from .agent_store import host_store, ring
 from .agentconfig import AgentConfig
 from .asked import admitted, asked_at, asked_devices, asked_layout, failed_devices, offer, stop_asked
 from .beacon import Beacon
 from .channel import put
 from .durable_tier import EveryNth
 from .membership import Membership
-from .record_types import Change, End, FoundLost, Left, RoundFormed, RoundLoaded, Standby, Store
+from .record_types import Change, End, FoundLost, Left, RoundFormed, RoundLoaded, Standby
 from .records import Records
 from .rounds import AgentError, Round, StoreEntry, connect, has, job_key, known_stores, register_store
 from .workers import Workers
@@ -58,6 +56,7 @@ class Agent:
         self.records = Records(self.run_dir / "agent.jsonl")
         self.started: StoreProcess | None = None
         self.leaving = False
+        self.left_said = False  # `left/URL` written (once: a leave waiting for its step looks again)
         self.restarts = 0
         self.base: dist.Store | None = None
         self.heard: dict[str, tuple[Any, float]] = {}  # per member: what its agent last said, and when
@@ -69,35 +68,6 @@ class Agent:
         self.tier: EveryNth | None = None  # node 0's persists (--persist-every), once the job is known
         self.told: tuple[int, int | None] | None = None  # the round its workers were told to stop, and at
         self.failures = -1  # devices said failed here, as counted when it joined (earlier ones are not its)
-
-    # -- the host's store and workers -------------------------------------------------------------
-
-    def _store(self) -> StoreEntry:
-        """Attach to `--store`, or to a store of an earlier agent on this port, or start one in a
-        session of its own (it outlives this agent: a restarted agent finds its snapshots there)."""
-        cfg = self.cfg
-        if cfg.token_file:
-            from ..store.auth import token_file
-
-            os.environ[env.STORE_TOKEN] = token_file(cfg.token_file) or ""
-        url = cfg.store or f"http://{cfg.advertise}:{cfg.store_port}"
-        try:
-            health = StoreClient(url).health()
-            self.records.write(Store(url, True, str(health["incarnation"])))
-        except StoreError:
-            if cfg.store:
-                raise AgentError(f"no store answers at --store {cfg.store}") from None
-            self.started = start_store(
-                cfg.store_port,
-                cfg.advertise,
-                cfg.store_memory,
-                cfg.token_file,
-                extra=["--advertise", url],
-                log=str(self.run_dir / "store.log"),
-            )
-            health = self.started.client().health()
-            self.records.write(Store(url, False, str(health["incarnation"])))
-        return StoreEntry(url, str(health["incarnation"]), cfg.advertise)
 
     # -- the rendezvous ---------------------------------------------------------------------------
 
@@ -143,7 +113,7 @@ class Agent:
             rs.get("tenplex/layout").decode(),
             devices,
         )
-        self._ring(stores, nodes)
+        ring(self.entry.url, stores, min(self.cfg.replicas, nodes - 1))
         hosts = [e.host for e in entries]
         self.records.write(
             RoundFormed(
@@ -159,15 +129,6 @@ class Agent:
             )
         )
         return rnd, [e.host + "|" + e.url for e in entries]
-
-    def _ring(self, stores: list[str], nodes: int) -> None:
-        """This store copies each committed save to the next one of the round's stores (one copy by
-        default), so no single lost host takes the newest snapshot with it."""
-        replicas = min(self.cfg.replicas, nodes - 1)
-        try:
-            StoreClient(self.entry.url).set_peers(stores if replicas else [], replicas)
-        except StoreError as e:
-            raise AgentError(f"own store {self.entry.url}: {e}") from None
 
     def _request_change(self, rnd: Round, why: str, at: int | None = None, peers: bool = True) -> None:
         """Round `rnd` ends for `why`: at its workers' next step boundary, or after step `at` (a planned
@@ -210,7 +171,8 @@ class Agent:
         if len(ended) == len(rnd.devices) and all(e["outcome"] == "done" for e in ended.values()):
             return "done"
         if self.leaving:  # said before the change, so the others expect the next round without this node
-            if self.told is None or self.told[0] != rnd.number:
+            if not self.left_said:
+                self.left_said = True
                 put(self.base, job_key(run_id, "left", self.entry.url), "1")
             return self._planned(rnd, "leave", "leave", ended)
         if stop_asked(self.base, run_id):
@@ -333,7 +295,7 @@ class Agent:
 
     def run(self) -> int:
         self._signals()
-        self.entry = self._store()
+        self.entry, self.started = host_store(self.cfg, self.run_dir, self.records)
         self.members = Membership(self.cfg.run_id, self.entry.url)
         self.workers = Workers(self.cfg.target, self.cfg.nproc, self.cfg.run_id, self.run_dir, self.records)
         self.workers.warm()

@@ -15,18 +15,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 from ..util import free_port
 from . import netns
-from .downtime import built_parts, saved_parts
-from .records import Kind, read_records
+from .round_records import records
 from .rounds import AgentError
 
 RDZV_PORT = 29400
-PARTS = ("stop", "save", "rendezvous", "start", "process_group", "build", "load", "first_step", "other")
 # the reference workload's layouts in the agent tests and benchmark: a change of world moves tp and pp too
 TABLE = {"2": {"dp": 1, "tp": 1, "pp": 2}, "4": {"dp": 2, "tp": 2, "pp": 1}}
 
@@ -248,7 +245,7 @@ class AgentJob:
 
     def waiting(self, name: str) -> bool:
         """Whether host `name`'s agent is a spare that waits, warm, to be let in (its last record says so)."""
-        recs = _records(self.hosts.run_dir / name / "agent.jsonl")
+        recs = records(self.hosts.run_dir / name / "agent.jsonl")
         return name in self.agents and bool(recs) and recs[-1]["kind"] == "standby"
 
     def ranks(self) -> list[tuple[str, int]]:
@@ -256,7 +253,7 @@ class AgentJob:
         says its node and its devices)."""
         formed = {}
         for name in self.agents:
-            recs = [r for r in _records(self.hosts.run_dir / name / "agent.jsonl") if r["kind"] == "round"]
+            recs = [r for r in records(self.hosts.run_dir / name / "agent.jsonl") if r["kind"] == "round"]
             if recs:
                 formed[name] = recs[-1]
         newest = max((r["round"] for r in formed.values()), default=None)
@@ -324,113 +321,3 @@ class AgentJob:
             with contextlib.suppress(ProcessLookupError, ValueError, IndexError):
                 os.kill(self.store_pid(log.parent.name), signal.SIGTERM)
         self.rdzv.close()
-
-
-# -- what the rounds recorded ---------------------------------------------------------------------------
-
-
-def rounds(out: Path) -> list[dict[str, Any]]:
-    """Each round's records (rank 0's `worker.jsonl` in `out/roundN` under agents; under torchrun, one
-    `out/worker.jsonl` whose starts begin with `fresh` or `loaded`): start, ready, steps, done."""
-    dirs = sorted(out.glob("round*"), key=lambda p: int(p.name[5:]))
-    if not dirs:
-        return _split(_records(out / "worker.jsonl"))
-    return [dict(r, round=int(d.name[5:])) for d in dirs for r in _split(_records(d / "worker.jsonl"))[:1]]
-
-
-def _records(path: Path) -> list[dict[str, Any]]:
-    return read_records(path)[0] if path.exists() else []
-
-
-def _split(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = []
-    for rec in recs:
-        # a start after the `settings` record opens no new round
-        starts = rec["kind"] in (Kind.FRESH, Kind.LOADED)
-        if not found or (starts and found[-1]["start"] is not None):
-            found.append(
-                {
-                    "round": len(found) + 1,
-                    "start": None,
-                    "ready": None,
-                    "saved": None,
-                    "done": None,
-                    "steps": [],
-                }
-            )
-        r = found[-1]
-        if rec["kind"] in (Kind.FRESH, Kind.LOADED):
-            r["start"] = rec
-        elif rec["kind"] in (Kind.READY, Kind.SAVED, Kind.DONE):
-            r[rec["kind"]] = rec
-        elif rec["kind"] == Kind.STEP:
-            r["steps"].append(rec)
-    return found
-
-
-def step_now(out: Path) -> int:
-    """The newest step any round trained (0 before the first)."""
-    return max((s["step"] for r in rounds(out) for s in r["steps"]), default=0)
-
-
-def trained(out: Path, world: int, since: float = 0.0) -> int:
-    """Steps trained by rounds of this world size that started after `since`."""
-    return sum(
-        len(r["steps"])
-        for r in rounds(out)
-        if r["ready"] and r["ready"]["world"] == world and r["start"]["time"] > since
-    )
-
-
-def downtimes(out: Path, agent: Path | None = None) -> list[dict[str, Any]]:
-    """Per change: from the old round's last step record to the new round's first, less one step's
-    time (a step's record is written when it ends): the downtime as the job saw it. With `agent` (an
-    agent's run directory, whose records say when each round formed), its parts too (`round_parts`)."""
-    rs = [r for r in rounds(out) if r["steps"]]
-    formed = {}
-    if agent is not None:
-        formed = {
-            r["round"]: r["time"] for r in read_records(agent / "agent.jsonl")[0] if r["kind"] == "round"
-        }
-    found = []
-    for a, b in pairwise(rs):
-        step = b["steps"][1]["time"] - b["steps"][0]["time"] if len(b["steps"]) > 1 else 0.0
-        gap = b["steps"][0]["time"] - a["steps"][-1]["time"] - step
-        found.append(
-            {
-                "round": b["round"],
-                "world": b["ready"]["world"],
-                "downtime": gap,
-                "last_step": a["steps"][-1]["time"],
-                "loaded": b["start"],
-            }
-        )
-        if agent is not None:
-            found[-1]["parts"] = round_parts(a, b, formed.get(b["round"]), step, gap)
-    return found
-
-
-def round_parts(
-    a: dict[str, Any], b: dict[str, Any], formed: float | None, step: float, gap: float
-) -> dict[str, float]:
-    """A change's downtime (`gap`) in parts, from the rounds' records and when the new round formed:
-    stop and save (the old round's final save; none after a failure), rendezvous (from that save, or the
-    last step, until the new round formed: torch's rendezvous and, after a loss, its detection), start
-    (the agent parking and handing the round, the script's start-up), then process_group, build, load and
-    first_step (its time beyond a step's, `step`) as `tenplex run`'s `runtime/downtime.py` has them."""
-    since = a["steps"][-1]["time"]
-    stop, save, saved_at = saved_parts(a["saved"], since)
-    ready = b["ready"]
-    init_at = ready.get("init_at", ready["time"])
-    formed_at = formed if formed is not None else saved_at
-    parts = {
-        "stop": stop,
-        "save": save,
-        "rendezvous": max(0.0, formed_at - saved_at),
-        "start": init_at - max(formed_at, saved_at),
-        **built_parts(ready, ready.get("load_seconds", 0.0)),
-        "first_step": b["steps"][0]["time"] - ready["time"] - step,
-    }
-    parts["other"] = gap - sum(parts.values())
-    assert tuple(parts) == PARTS
-    return parts

@@ -21,13 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from ..ptc import TenplexError
-from .agent_hosts import AgentJob, rounds, step_now
+from .agent_hosts import AgentJob
 from .hosts import allocate, host_of
+from .round_records import rounds, step_now
 from .schedule import Event
 
 
 class DriverError(TenplexError):
-    """A schedule the agents cannot follow (yet), or a host it names that the job does not have."""
+    """A schedule the agents cannot play here (a partition without namespace hosts), or a host or rank
+    it names that the job does not have."""
 
 
 @dataclass
@@ -158,10 +160,7 @@ class ScheduleDriver:
         """Once the job trained the event's step: its hosts lost (`fail_hosts`: everything on them killed)
         or cut off (`partition`, namespace hosts: their links down, their agents left to the others'
         heartbeats), and a round without them loaded."""
-        at = e.step
-        assert at is not None
-        self.job.wait(f"step {at}", lambda: step_now(self.out) >= at, timeout)
-        failed = time.time()
+        failed = self._trained(e, timeout)
         for host in (*e.fail_hosts, *e.partition):
             if host not in by_host(self.allocation):
                 raise DriverError(f"{e.describe()}: {host} is not one of the job's hosts")
@@ -170,28 +169,34 @@ class ScheduleDriver:
             else:
                 self.job.cut(host)
             self.pool.failed_hosts.add(host)
-        self.allocation = allocate(Event(step=at), self.allocation, self.pool)
-        landed = self._landed(lambda r: r["start"]["time"] > failed, len(self.allocation), e, timeout)
-        self.log.append({"event": e.describe(), "step": at, "landed": landed})
+        self._recovered(e, failed, timeout)
 
     def _fail(self, e: Event, timeout: float) -> None:
         """Once the job trained the event's step: its ranks' devices fail (`tenplex devices --failed`: their
         workers killed at once), and a round without them loaded."""
-        at = e.step
-        assert at is not None
-        self.job.wait(f"step {at}", lambda: step_now(self.out) >= at, timeout)
+        failed = self._trained(e, timeout)
         placed = self.job.ranks()
         if any(r >= len(placed) for r in e.fail):
             raise DriverError(f"{e.describe()}: the job has {len(placed)} ranks")
         gone = {placed[r] for r in e.fail}
-        failed = time.time()
         for host, devices in by_host(self.allocation).items():
             if any(h == host for h, _ in gone):
                 self.job.devices(host, [d for d in devices if (host, d) not in gone], failed=True)
         self.pool.failed_devices |= {f"{h}/d{d}" for h, d in gone}
-        self.allocation = allocate(Event(step=at), self.allocation, self.pool)
-        landed = self._landed(lambda r: r["start"]["time"] > failed, len(self.allocation), e, timeout)
-        self.log.append({"event": e.describe(), "step": at, "landed": landed})
+        self._recovered(e, failed, timeout)
+
+    def _trained(self, e: Event, timeout: float) -> float:
+        """Once the job trained the failure's step: when (the failure strikes now)."""
+        at = e.step
+        assert at is not None
+        self.job.wait(f"step {at}", lambda: step_now(self.out) >= at, timeout)
+        return time.time()
+
+    def _recovered(self, e: Event, since: float, timeout: float) -> None:
+        """The devices left after a failure at `since`, and the round that loaded without the failed."""
+        self.allocation = allocate(Event(step=e.step), self.allocation, self.pool)
+        landed = self._landed(lambda r: r["start"]["time"] > since, len(self.allocation), e, timeout)
+        self.log.append({"event": e.describe(), "step": e.step, "landed": landed})
 
     def _landed(self, which: Any, world: int, e: Event, timeout: float) -> int:
         """The step the first round that `which` picks with `world` ranks loaded, once they are ready (a

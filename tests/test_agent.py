@@ -330,6 +330,22 @@ def test_agent_refuses_bad_input_in_one_line(tmp_path) -> None:
         assert p.returncode == 2 and words in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
 
 
+def test_a_spare_never_let_in_leaves_without_joining(tmp_path) -> None:
+    """A warm spare (`--standby`) waits, warm, outside the rendezvous; told to leave (SIGTERM) before it
+    was let in, it ends cleanly, never having formed a round, and says so in its records."""
+    hosts = Hosts(tmp_path)
+    job = AgentJob(hosts, "spare", _target(tmp_path, "spare", 0.0), nodes="1")
+    try:
+        job.start("A", standby=True)
+        job.wait("the spare", lambda: job.waiting("A"))
+        assert job.leave("A") == 0
+    finally:
+        job.close()
+        hosts.close()
+    kinds = [r["kind"] for r in _records(tmp_path / "A")]
+    assert kinds == ["store", "warm", "standby"], kinds
+
+
 def test_a_host_cut_off_is_dropped_and_the_job_goes_on(tmp_path) -> None:
     """Namespace hosts: h1's link goes down mid-round (a partition in the schedule, played by the driver:
     no error reaches anyone, a collective with it would wait forever). h0's agent hears nothing from

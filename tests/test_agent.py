@@ -271,6 +271,9 @@ def test_a_schedule_played_on_agents(tmp_path, static) -> None:
     pids = [set(r["ready"]["pids"]) for r in rs]
     assert pids[0] < pids[1]  # h0's workers kept through the join
     assert job.store_url("h1") in rs[2]["start"]["lost_stores"], rs[2]["start"]
+    # the fresh hosts' agents never saw h1 lost, yet their rounds' loads count its store lost unasked
+    formed = [r for r in _records(tmp_path / "h2") if r["kind"] == "round"]
+    assert all(job.store_url("h1") in r["retired"] for r in formed), formed
     assert rs[2]["start"]["step"] >= 44  # the newest snapshot before the loss, from h1's replica on h0
     assert pids[3] < pids[4] and not pids[4] & pids[1]  # the fresh hosts' own processes, kept
     assert rs[-1]["done"]["step"] == STEPS and ledger(out)["ok"]

@@ -112,6 +112,7 @@ class Agent:
             str(Path(self.cfg.persist_dir).resolve()) if self.cfg.persist_dir else None,
             rs.get("tenplex/layout").decode(),
             devices,
+            self.members.retired(self.base, sources, stores),
         )
         ring(self.entry.url, stores, min(self.cfg.replicas, nodes - 1))
         hosts = [e.host for e in entries]
@@ -126,6 +127,7 @@ class Agent:
                 sorted(self.members.gone),
                 devices,
                 time.time() - t,
+                rnd.retired,
             )
         )
         return rnd, [e.host + "|" + e.url for e in entries]
@@ -171,9 +173,9 @@ class Agent:
         if len(ended) == len(rnd.devices) and all(e["outcome"] == "done" for e in ended.values()):
             return "done"
         if self.leaving:  # said before the change, so the others expect the next round without this node
-            if not self.left_said:
+            if not self.left_said:  # the round it left: once the next one loaded, its store stops
                 self.left_said = True
-                put(self.base, job_key(run_id, "left", self.entry.url), "1")
+                put(self.base, job_key(run_id, "left", self.entry.url), str(rnd.number))
             return self._planned(rnd, "leave", "leave", ended)
         if stop_asked(self.base, run_id):
             return self._planned(rnd, "stop", "stop", ended)
@@ -314,9 +316,8 @@ class Agent:
             self._end()
 
     def _admitted(self) -> bool:
-        """A warm spare (`--standby`): its store started and its workers warm, it waits to join until
-        `tenplex admit` names its store, so a join costs the job no start-up; False: it was told to leave
-        (a signal), or the job stopped, first."""
+        """A warm spare (`--standby`) waits to join until `tenplex admit` names its store, so a join costs
+        the job no start-up; False: it was told to leave (a signal), or the job stopped, first."""
         base, run_id, url = connect(self.cfg.endpoint), self.cfg.run_id, self.entry.url
         offer(base, run_id, url, True)
         self.records.write(Standby(url))

@@ -1,7 +1,7 @@
 """Who left an agent job and who was lost, as one agent sees it from round to round: the next round's
 expected size (so torch's rendezvous need not wait out its last call for members that will not come), the
-stores of lost hosts (a load counts them lost without asking), and which members' stores refuse at once
-after a round broke (their hosts are gone)."""
+stores of lost hosts and of hosts that left and stopped them (a load counts them lost without asking), and
+which members' stores refuse at once after a round broke (their hosts are gone)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 import torch.distributed as dist
 
+from .channel import put
 from .rounds import has, job_key
 
 
@@ -58,8 +59,27 @@ class Membership:
         for url in self.last_stores:
             if url not in stores and not has(base, job_key(self.run_id, "left", url)):
                 self.gone.add(url)
-        self.gone -= set(stores)  # a store back on its port is a new incarnation: asked again
+                put(base, job_key(self.run_id, "gone", url), str(number))  # for agents that join later
+        for url in self.gone & set(stores):  # a store back on its port is a new incarnation: asked again
+            base.delete_key(job_key(self.run_id, "gone", url))
+        self.gone -= set(stores)
         self.last_stores, self.last_round = list(stores), number
+
+    def retired(self, base: dist.Store, urls: list[str], stores: list[str]) -> list[str]:
+        """The stores among `urls`, not back in `stores`, that the job knows are gone, whoever saw it: a
+        lost host's (`gone/URL`, written where it was found), and a host's that left as planned once its
+        next round loaded (its agent stopped it then, `Agent._leave`). A load counts them lost without
+        asking: an agent that joined after it happened knows it too, and a port where nothing listens
+        would cost each ask the store transport's retries (a second)."""
+        key = job_key(self.run_id, "loaded")
+        loaded = int(base.get(key)) if has(base, key) else 0
+        out = []
+        for url in urls:
+            left, gone = job_key(self.run_id, "left", url), job_key(self.run_id, "gone", url)
+            stopped = has(base, left) and loaded > int(base.get(left))
+            if url not in stores and (has(base, gone) or stopped):
+                out.append(url)
+        return out
 
     def refused(self, stores: list[str]) -> list[int]:
         """The members (by node) whose store refuses at once: their hosts' processes are gone."""

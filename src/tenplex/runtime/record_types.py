@@ -347,6 +347,7 @@ class RoundFormed(Record):
     lost_stores: list[str]  # stores of hosts lost so far (not those that left)
     devices: list[int]  # this host's devices in the round (one worker each)
     rendezvous_s: float
+    retired: list[str]  # other stores the round's loads count lost unasked (`Membership.retired`)
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,7 @@ class Round:
     durable: str | None = None  # the agents' --persist-dir: checkpoints to fall back to
     layout: str = ""  # the layout the job asks for (`tenplex layout`), taken where the world fits it
     devices: list[int] = field(default_factory=list)  # this agent's devices, one worker each, in rank order
+    retired: list[str] = field(default_factory=list)  # stores of hosts that left and stopped them since
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -96,7 +97,7 @@ class Round:
             ROUND: str(self.number),
         }
         out[env.SOURCES] = ",".join(dict.fromkeys([*self.stores, *self.sources]))
-        out[env.LOST] = ",".join(self.gone)
+        out[env.LOST] = ",".join(dict.fromkeys([*self.gone, *self.retired]))
         out[env.LAYOUT] = self.layout  # set every round: a kept worker's environment holds the last one
         if self.durable:
             out[env.DURABLE] = self.durable

@@ -191,7 +191,7 @@ class Answers(dict[str, Answer]):
 
     def _ask(self, url: str) -> Answer:
         if url in env.url_list(env.LOST):  # its host is gone: asking would only wait for silence
-            return Answer(None, why="unreachable: its host was lost (the runtime said so)")
+            return Answer(None, why="unreachable: its host was lost or left (the runtime said so)")
         c = client(url)
         try:  # the listing first, then the incarnation: a restart in between shows as a new incarnation
             ids = c.committed_saves(self.job)

@@ -194,7 +194,7 @@ def measure(kind: str, args: argparse.Namespace, tmp: Path) -> tuple[list[dict],
     finally:
         job.close()
         hosts.close()
-    return downtimes(tmp / "out", tmp / "A" if kind == "agent" else None), lost
+    return downtimes(tmp / "out", tmp if kind == "agent" else None), lost
 
 
 def detection(tmp: Path, lost: float) -> float:

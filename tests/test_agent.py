@@ -25,8 +25,8 @@ from tenplex.runtime import netns
 from tenplex.runtime.agent_hosts import AgentJob, Hosts, reference_target
 from tenplex.runtime.driver import DriverError, ScheduleDriver, refuse
 from tenplex.runtime.durable_tier import newest_checkpoint
-from tenplex.runtime.report import ledger
-from tenplex.runtime.round_records import downtimes, rounds, step_now, trained
+from tenplex.runtime.report import ledger, print_report, summary
+from tenplex.runtime.round_records import PARTS, downtimes, rounds, step_now, trained
 from tenplex.runtime.schedule import parse_schedule
 
 pytestmark = pytest.mark.dist
@@ -223,7 +223,7 @@ def test_a_hosts_devices_and_the_layout_change_while_it_stays(tmp_path, static) 
     losses = {s["step"]: s["loss"] for r in rs for s in r["steps"]}
     worst = max(abs(losses[k] - static[k]) for k in losses)
     assert sorted(losses) == list(range(1, AT[-1] + 1)) and worst <= TOLERANCE, worst
-    for d in downtimes(out, tmp_path / "A"):
+    for d in downtimes(out, tmp_path):
         print("devices, layout: world", d["world"], "downtime", round(d["downtime"], 2),
               {k: round(v, 2) for k, v in d["parts"].items()})  # fmt: skip
 
@@ -280,10 +280,20 @@ def test_a_schedule_played_on_agents(tmp_path, static) -> None:
     losses = {s["step"]: s["loss"] for r in rs for s in r["steps"]}
     worst = max(abs(losses[k] - static[k]) for k in losses)
     assert sorted(losses) == list(range(1, STEPS + 1)) and worst <= TOLERANCE, worst
-    print(
-        "schedule on agents: downtime per change",
-        [(d["world"], round(d["downtime"], 2)) for d in downtimes(out)],
-    )
+    # the job told in `tenplex run`'s words: what its report, summary and plot read
+    driver.timeline(STEPS, {"model": "tiny"})
+    s = summary(out)
+    kinds = [(r["change"], r["step"]) for r in s["reconfigurations"]]
+    assert [k for k, _ in kinds] == [
+        "scale out 2 → 4", "failure", "redeploy", "scale out 2 → 4", "failure", "scale in 3 → 2"
+    ], kinds  # fmt: skip
+    assert [kinds[i][1] for i in (0, 2, 3)] == [24, 72, 96], kinds
+    lost = [(f["hosts"], f["devices"]) for f in s["failures"]]
+    assert lost[0][0] == ["h1"] and len(lost[1][1]) == 1 and not lost[1][0], lost
+    assert [r["step"] for r in s["recoveries"]] == [rs[2]["start"]["step"], rs[-2]["start"]["step"]]
+    assert s["ledger"]["ok"] and s["losses"] == losses and s["steps"] == STEPS
+    assert all(set(r["parts"]) == set(PARTS) and r["downtime"] > 0 for r in s["reconfigurations"])
+    print_report(s)
 
 
 def _records(run_dir: Path) -> list[dict]:

@@ -56,7 +56,7 @@ def test_a_changes_downtime_is_split_into_its_parts(tmp_path, saved, formed, wan
     _round(out, 2, 10.6, [11.5, 11.7], None)  # ready at 11.0; steps of 0.2 s, the first ended at 11.5
     _write(agent / "agent.jsonl", [{"kind": "round", "time": 8.9, "round": 1},
                                    {"kind": "round", "time": formed, "round": 2}])  # fmt: skip
-    [change] = downtimes(out, agent)
+    [change] = downtimes(out, tmp_path)
     parts = change["parts"]
     assert change["downtime"] == pytest.approx(11.5 - 10.0 - 0.2)
     assert tuple(parts) == PARTS and sum(parts.values()) == pytest.approx(change["downtime"])

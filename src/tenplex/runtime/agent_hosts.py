@@ -20,6 +20,8 @@ from typing import Any
 
 from ..util import free_port
 from . import netns
+from .agent_timeline import placements
+from .hosts import host_of
 from .round_records import records
 from .rounds import AgentError
 
@@ -249,16 +251,9 @@ class AgentJob:
         return name in self.agents and bool(recs) and recs[-1]["kind"] == "standby"
 
     def ranks(self) -> list[tuple[str, int]]:
-        """(host, device) of every rank of the newest round, in rank order (from the agents' records: each
-        says its node and its devices)."""
-        formed = {}
-        for name in self.agents:
-            recs = [r for r in records(self.hosts.run_dir / name / "agent.jsonl") if r["kind"] == "round"]
-            if recs:
-                formed[name] = recs[-1]
-        newest = max((r["round"] for r in formed.values()), default=None)
-        nodes = sorted((r["node"], name, r["devices"]) for name, r in formed.items() if r["round"] == newest)
-        return [(name, d) for _, name, devices in nodes for d in devices]
+        """(host, device) of every rank of the newest round, in rank order (`agent_timeline.placements`)."""
+        placed = placements(self.hosts.run_dir)
+        return [(host_of(d), int(d.rsplit("/d", 1)[1])) for d in placed[max(placed)]] if placed else []
 
     def store_url(self, name: str) -> str:
         return f"http://{self.hosts.add(name)}:{self.stores[name]}"

@@ -34,7 +34,8 @@ PARTS = ("stop", "save", "go", "exit", "persist", "start", "process_group", "bui
 def shown_parts(reconfigs: list[dict[str, Any]]) -> list[str]:
     """The parts worth a column of the table or a colour of the plot: SHOWN_FROM_S or more in some change."""
     big = {p for r in reconfigs for p, v in r["parts"].items() if abs(v) >= SHOWN_FROM_S}
-    return [p for p in (*PARTS, "other") if p in big]
+    order = dict.fromkeys(p for r in reconfigs for p in r["parts"])  # an agent job's parts are its own
+    return [p for p in order if p in big]
 
 
 def saved_parts(saved: dict | None, since: float) -> tuple[float, float, float]:

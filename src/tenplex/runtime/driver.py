@@ -22,7 +22,9 @@ from typing import Any
 
 from ..ptc import TenplexError
 from .agent_hosts import AgentJob
+from .agent_timeline import write_timeline
 from .hosts import allocate, host_of
+from .record_types import Start
 from .round_records import rounds, step_now
 from .schedule import Event
 
@@ -95,6 +97,12 @@ class ScheduleDriver:
         for host in sorted(self.spares):
             self.job.leave(host, timeout)
         self.spares.clear()
+
+    def timeline(self, steps: int | None, train: dict[str, Any]) -> list[dict[str, Any]]:
+        """Once the job ended: its `timeline.jsonl` in `tenplex run`'s words (`agent_timeline`), which the
+        report, the summary and the plot read."""
+        start = Start(self.job.job, steps, [e.describe() for e in self.events], train)
+        return write_timeline(self.out, self.job.hosts.run_dir, start)
 
     def _elapsed(self) -> float:
         return time.monotonic() - self.started

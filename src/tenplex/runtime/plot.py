@@ -24,7 +24,7 @@ COLORS = {"scale out": "tab:green", "scale in": "tab:orange", "layout change": "
           "redeploy": "tab:purple", "failure": "tab:red"}  # fmt: skip
 PART_COLORS = {"stop": "#c49c94", "save": "#1f77b4", "go": "#aec7e8", "exit": "#7f7f7f", "persist": "#17becf",
                "start": "#bcbd22", "process_group": "#ff7f0e", "build": "#ffbb78", "load": "#2ca02c",
-               "first_step": "#98df8a", "other": "#8c564b"}  # fmt: skip
+               "first_step": "#98df8a", "other": "#8c564b", "rendezvous": "#9467bd"}  # fmt: skip
 STYLE = {False: ":", True: "--"}  # a change's line; dashed: a failure, at the step its ranks died
 LABEL = {"fontsize": 8, "textcoords": "offset points", "ha": "center"}
 

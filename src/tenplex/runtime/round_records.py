@@ -68,16 +68,17 @@ def trained(out: Path, world: int, since: float = 0.0) -> int:
     )
 
 
-def downtimes(out: Path, agent: Path | None = None) -> list[dict[str, Any]]:
+def downtimes(out: Path, hosts_dir: Path | None = None) -> list[dict[str, Any]]:
     """Per change: from the old round's last step record to the new round's first, less one step's
-    time (a step's record is written when it ends): the downtime as the job saw it. With `agent` (an
-    agent's run directory, whose records say when each round formed), its parts too (`round_parts`)."""
+    time (a step's record is written when it ends): the downtime as the job saw it. With `hosts_dir` (the
+    directory of the job's agents' run directories, whose records say when each round formed: the last
+    of its agents to), its parts too (`round_parts`)."""
     rs = [r for r in rounds(out) if r["steps"]]
-    formed = {}
-    if agent is not None:
-        formed = {
-            r["round"]: r["time"] for r in read_records(agent / "agent.jsonl")[0] if r["kind"] == "round"
-        }
+    formed: dict[int, float] = {}
+    for f in sorted(hosts_dir.glob("*/agent.jsonl")) if hosts_dir is not None else []:
+        for r in read_records(f)[0]:
+            if r["kind"] == Kind.ROUND:
+                formed[r["round"]] = max(r["time"], formed.get(r["round"], r["time"]))
     found = []
     for a, b in pairwise(rs):
         step = b["steps"][1]["time"] - b["steps"][0]["time"] if len(b["steps"]) > 1 else 0.0
@@ -91,7 +92,7 @@ def downtimes(out: Path, agent: Path | None = None) -> list[dict[str, Any]]:
                 "loaded": b["start"],
             }
         )
-        if agent is not None:
+        if hosts_dir is not None:
             found[-1]["parts"] = round_parts(a, b, formed.get(b["round"]), step, gap)
     return found
 

@@ -22,12 +22,15 @@ from pathlib import Path
 import pytest
 
 from tenplex.runtime import netns
-from tenplex.runtime.agent_hosts import AgentJob, Hosts, reference_target
+from tenplex.runtime.agent_hosts import TABLE, AgentJob, Hosts, reference_target
+from tenplex.runtime.agent_run import AgentRun
 from tenplex.runtime.driver import DriverError, ScheduleDriver, refuse
 from tenplex.runtime.durable_tier import newest_checkpoint
-from tenplex.runtime.report import ledger, print_report, summary
+from tenplex.runtime.report import ledger, print_report
 from tenplex.runtime.round_records import PARTS, downtimes, rounds, step_now, trained
+from tenplex.runtime.runconfig import RunConfig
 from tenplex.runtime.schedule import parse_schedule
+from tenplex.train.config import TrainConfig
 
 pytestmark = pytest.mark.dist
 
@@ -243,25 +246,21 @@ SCHEDULE = [
 
 
 def test_a_schedule_played_on_agents(tmp_path, static) -> None:
-    """`tenplex run`'s resource schedule played on agents (`runtime/driver.py`): each planned change lands
-    at its step (the round trains to it, the next loads it), the lost host's shards come from their
-    replica, the redeploy's new hosts load from the old hosts' stores (kept until the new round loaded),
-    the failed device's rank is gone from the next round; the losses equal the static run's and every
-    sample is used once. A partition on loopback hosts is refused before anything starts."""
+    """`tenplex run`'s resource schedule played on agents (`runtime/agent_run.py`, `runtime/driver.py`): each
+    planned change lands at its step (the round trains to it, the next loads it), the lost host's shards
+    come from their replica, the redeploy's new hosts load from the old hosts' stores (kept until the new
+    round loaded), the failed device's rank is gone from the next round; the losses equal the static
+    run's and every sample is used once; the run's timeline, summary and plot are `tenplex run`'s. A
+    partition on loopback hosts is refused before anything starts."""
     with pytest.raises(DriverError, match="a partition needs namespace hosts"):
         refuse(parse_schedule([{"step": 0, "devices": 2}, {"step": 5, "partition": ["h0"]}]), False)
-    hosts = Hosts(tmp_path)
-    job = AgentJob(hosts, "sched", _target(tmp_path, "sched", 0.45))
-    out = tmp_path / "out"
-    driver = ScheduleDriver(job, parse_schedule(SCHEDULE), out)
-    try:
-        driver.start()
-        driver.follow()
-        for name in list(job.agents):
-            assert job.agents[name].wait(150) == 0, job._log(name)[-4000:]
-    finally:
-        job.close()
-        hosts.close()
+    train = TrainConfig(model="tiny", global_batch=12, steps=STEPS)  # the static run's (`reference_target`)
+    cfg = RunConfig(train, parse_schedule(SCHEDULE), STEPS, tmp_path, job="sched", snapshot_every=2,
+                    table=TABLE, quiet=True)  # fmt: skip
+    run = AgentRun(cfg, pace=0.45)
+    s = run.run()
+    job, driver, out = run.job, run.driver, tmp_path
+    assert job is not None and driver is not None
     planned = [(x["step"], x["landed"]) for x in driver.log if "fail" not in x["event"] and x["step"]]
     assert planned == [(24, 24), (72, 72), (96, 96)], driver.log
     rs = [r for r in rounds(out) if r["ready"]]
@@ -281,8 +280,8 @@ def test_a_schedule_played_on_agents(tmp_path, static) -> None:
     worst = max(abs(losses[k] - static[k]) for k in losses)
     assert sorted(losses) == list(range(1, STEPS + 1)) and worst <= TOLERANCE, worst
     # the job told in `tenplex run`'s words: what its report, summary and plot read
-    driver.timeline(STEPS, {"model": "tiny"})
-    s = summary(out)
+    assert json.loads((tmp_path / "summary.json").read_text())["ledger"] == s["ledger"]
+    assert (tmp_path / "timeline.png").exists()
     kinds = [(r["change"], r["step"]) for r in s["reconfigurations"]]
     assert [k for k, _ in kinds] == [
         "scale out 2 → 4", "failure", "redeploy", "scale out 2 → 4", "failure", "scale in 3 → 2"

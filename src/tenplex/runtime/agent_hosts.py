@@ -44,6 +44,11 @@ def reference_target(run_dir: Path, job: str, pace: float, steps: int) -> list[s
         "--out": "out",
         "--table": run_dir / "table.json",
     }
+    return elastic_target(flags)
+
+
+def elastic_target(flags: dict[str, Any]) -> list[str]:
+    """An agent's target: the reference workload's rank (`runtime/elastic.py`) with `flags`."""
     return ["-m", "tenplex.runtime.elastic", *(str(x) for kv in flags.items() for x in kv)]
 
 
@@ -172,6 +177,7 @@ class AgentJob:
         nproc: int = 2,
         extra: Sequence[str] = (),
     ) -> None:
+        """`extra`: more flags for every agent (a `--store-memory` there replaces the default 1GiB)."""
         self.hosts, self.job, self.target, self.nodes, self.nproc = hosts, job, target, nodes, nproc
         self.extra = list(extra)
         self.agents: dict[str, subprocess.Popen] = {}
@@ -208,8 +214,7 @@ class AgentJob:
             addr,
             "--store-port",
             str(self.stores[name]),
-            "--store-memory",
-            "1GiB",
+            *([] if "--store-memory" in self.extra else ["--store-memory", "1GiB"]),
             "--run-dir",
             str(self.hosts.run_dir / name),
             *self.extra,

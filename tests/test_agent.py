@@ -23,7 +23,7 @@ import pytest
 
 from tenplex.runtime import netns
 from tenplex.runtime.agent_hosts import TABLE, AgentJob, Hosts, reference_target
-from tenplex.runtime.agent_run import AgentRun
+from tenplex.runtime.agent_run import AgentRun, AgentRunError
 from tenplex.runtime.driver import DriverError, ScheduleDriver, refuse
 from tenplex.runtime.durable_tier import newest_checkpoint
 from tenplex.runtime.report import ledger, print_report
@@ -356,6 +356,25 @@ def test_a_spare_never_let_in_leaves_without_joining(tmp_path) -> None:
         hosts.close()
     kinds = [r["kind"] for r in _records(tmp_path / "A")]
     assert kinds == ["store", "warm", "standby"], kinds
+
+
+def test_a_job_that_ends_before_its_schedule_does_ends_cleanly(tmp_path) -> None:
+    """`AgentRun`: the job trains its last step (8) before the schedule's next event (step 20) comes:
+    that event never lands (the driver's log says so), the agents end well, a leaving host does not
+    linger, and the run's summary has its one round and an exact ledger. A script is refused in one
+    line (not on agents yet)."""
+    train = TrainConfig(model="tiny", global_batch=12, steps=8)
+    schedule = parse_schedule([{"step": 0, "devices": 2}, {"step": 20, "devices": 4}])
+    with pytest.raises(AgentRunError, match="a script's run on agents is not there yet"):
+        AgentRun(RunConfig(train, schedule, 8, tmp_path / "s", script=[str(EXAMPLE)]))
+    run = AgentRun(RunConfig(train, schedule, 8, tmp_path, job="short", snapshot_every=2, quiet=True))
+    t = time.monotonic()
+    s = run.run()
+    assert run.driver is not None and run.driver.log == [
+        {"event": "step 20: 4 devices", "step": 20, "landed": None}
+    ]
+    assert s["steps"] == 8 and s["ledger"]["ok"] and not s["reconfigurations"], s
+    assert time.monotonic() - t < 90  # nothing waited for a change that never came
 
 
 def test_a_host_cut_off_is_dropped_and_the_job_goes_on(tmp_path) -> None:

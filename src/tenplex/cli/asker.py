@@ -14,6 +14,8 @@ from .main import main as tenplex
 
 
 def serve() -> int:
+    import torch.distributed  # noqa: F401 - imported while the job starts, not on its first ask
+
     for line in sys.stdin:
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

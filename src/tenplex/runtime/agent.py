@@ -98,38 +98,16 @@ class Agent:
         stores = [e.url for e in entries]
         sources = env.url_list(env.SOURCES) or [e.url for e in known_stores(self.base, run_id)]
         self.members.formed(self.base, number, stores)
-        rnd = Round(
-            number,
-            node,
-            nodes,
-            sum(sizes[:node]),
-            sum(sizes),
-            f"{boot.master_addr}:{boot.master_port}",
-            self.entry.url,
-            stores,
-            sources,
-            sorted(self.members.gone),
-            str(Path(self.cfg.persist_dir).resolve()) if self.cfg.persist_dir else None,
-            rs.get("tenplex/layout").decode(),
-            devices,
-            self.members.retired(self.base, sources, stores),
-        )
+        persist = str(Path(self.cfg.persist_dir).resolve()) if self.cfg.persist_dir else None
+        gone = sorted(self.members.gone)
+        master, layout = f"{boot.master_addr}:{boot.master_port}", rs.get("tenplex/layout").decode()
+        retired = self.members.retired(self.base, sources, stores)
+        rnd = Round(number, node, nodes, sum(sizes[:node]), sum(sizes), master, self.entry.url, stores,
+                    sources, gone, persist, layout, devices, retired)  # fmt: skip
         ring(self.entry.url, stores, min(self.cfg.replicas, nodes - 1))
         hosts = [e.host for e in entries]
-        self.records.write(
-            RoundFormed(
-                number,
-                node,
-                nodes,
-                rnd.world,
-                stores,
-                hosts,
-                sorted(self.members.gone),
-                devices,
-                time.time() - t,
-                rnd.retired,
-            )
-        )
+        self.records.write(RoundFormed(number, node, nodes, rnd.world, stores, hosts, gone, devices,
+                                       time.time() - t, rnd.retired))  # fmt: skip
         return rnd, [e.host + "|" + e.url for e in entries]
 
     def _request_change(self, rnd: Round, why: str, at: int | None = None, peers: bool = True) -> None:
@@ -239,15 +217,19 @@ class Agent:
         if gone:
             rendezvous.drop(self.handler, set(gone))
 
+    def _mark_loaded(self, rnd: Round) -> None:
+        """Node 0, once the round's ranks loaded: a host that left before it may stop its store now."""
+        if rnd.node_rank == 0 and self.marked < rnd.number and self.workers.ready(rnd):
+            self.marked = rnd.number
+            put(self.base, job_key(self.cfg.run_id, "loaded"), str(rnd.number))
+            self.records.write(RoundLoaded(rnd.number))
+
     def _beat(self, rnd: Round) -> str | None:
         """Once a second: the round's loaded mark (node 0); the first member whose agent's beacon said
         nothing for as long as torch's rendezvous takes to drop a node (a host cut off: its workers'
         peers would wait on it in a collective, where no error comes)."""
         assert self.base is not None
-        if rnd.node_rank == 0 and self.marked < rnd.number and self.workers.ready(rnd):
-            self.marked = rnd.number  # the round's ranks loaded: a host that left may stop its store now
-            put(self.base, job_key(self.cfg.run_id, "loaded"), str(rnd.number))
-            self.records.write(RoundLoaded(rnd.number))
+        self._mark_loaded(rnd)
         if rnd.node_rank == 0 and self.cfg.persist_every:
             self._persist(rnd)
         now = time.monotonic()
@@ -342,6 +324,7 @@ class Agent:
                 return self._leave(rnd)
             if why in ("done", "stop"):
                 self._park(rnd)
+                self._mark_loaded(rnd)  # a round that ended within a beat: a host that left need not linger
                 if self.handler is not None:
                     self.handler.shutdown()
                 self.records.write(End(why, rnd.number))

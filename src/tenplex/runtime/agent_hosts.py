@@ -230,16 +230,20 @@ class AgentJob:
         listed = ",".join(map(str, devices))
         self.ask("devices", self.store_url(name), listed, *(["--failed"] if failed else []), at=at)
 
-    def ask(self, *args: str, at: int | None = None) -> str:
-        """`tenplex ARGS` for this job (devices, layout, stop), from the rendezvous' host, through one
-        process kept for the asks (`cli/asker.py`: no interpreter started per ask); what it printed."""
+    def open_asker(self) -> None:
+        """The process for the asks (`ask`), started now if it is not: it imports torch once, before any."""
         if self.asker is None:
             argv = [sys.executable, "-m", "tenplex.cli.asker"]
             log = self.hosts.run_dir / "asker.log"
             self.asker = self.hosts.popen("rdzv", argv, self.hosts.environ(), log, pipes=True)
+
+    def ask(self, *args: str, at: int | None = None) -> str:
+        """`tenplex ARGS` for this job (devices, layout, stop), from the rendezvous' host, through one
+        process kept for the asks (`cli/asker.py`: no interpreter started per ask); what it printed."""
+        self.open_asker()
         when = [] if at is None else ["--at-step", str(at)]
         asked = [*args, "--rdzv-endpoint", self.endpoint, "--rdzv-id", self.job, *when]
-        assert self.asker.stdin is not None and self.asker.stdout is not None
+        assert self.asker is not None and self.asker.stdin is not None and self.asker.stdout is not None
         self.asker.stdin.write(json.dumps(asked) + "\n")
         self.asker.stdin.flush()
         line = self.asker.stdout.readline()
@@ -273,6 +277,17 @@ class AgentJob:
         p = self.leaving[name] = self.agents.pop(name)
         p.send_signal(signal.SIGTERM)
         return self.ended(name, timeout) if wait else None
+
+    def dismiss(self, name: str, timeout: float = 30) -> None:
+        """Host `name`'s agent sent away, whatever it was doing (a spare of a job that ended): SIGTERM,
+        then killed if it does not end."""
+        p = self.agents.pop(name)
+        p.terminate()
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
     def ended(self, name: str, timeout: float = 120) -> int:
         """The exit code of the agent told to leave; one that failed is an error, with its log."""

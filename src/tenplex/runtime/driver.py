@@ -15,6 +15,7 @@ at the next step boundary.
 
 from __future__ import annotations
 
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,11 +23,14 @@ from typing import Any
 
 from ..ptc import TenplexError
 from .agent_hosts import AgentJob
-from .agent_timeline import write_timeline
+from .agent_timeline import placements, write_timeline
 from .hosts import allocate, host_of
 from .record_types import Start
 from .round_records import rounds, step_now
+from .rounds import AgentError
 from .schedule import Event
+
+END_WAIT_S = 10.0  # an agent that ended: the others of a job that ended follow within this
 
 
 class DriverError(TenplexError):
@@ -75,6 +79,7 @@ class ScheduleDriver:
         """The first event's devices: an agent per host, its devices 0..n-1, and a warm spare for each
         host a later event adds; until the job's ranks loaded."""
         first = self.events[0]
+        self.job.open_asker()  # warm for the first ask, which may be due a few steps after the start
         self.allocation = allocate(first, [], self.pool)
         for host, devices in by_host(self.allocation).items():
             self.job.start(host, nproc=len(devices))
@@ -85,18 +90,46 @@ class ScheduleDriver:
         """Every later event, in the schedule's order; each waits until the one before landed (one by time
         also until its second since the start). The spares never let in are told to leave at the end."""
         for i, e in enumerate(self.events[1:], 2):
-            if e.time is not None:
-                self.job.wait(f"second {e.time:g}", lambda e=e: self._elapsed() >= e.time, e.time + timeout)
-            if e.fail_hosts or e.partition:
-                self._hosts_fail(e, timeout)
-            elif e.fail:
-                self._fail(e, timeout)
-            else:
-                self._plan(e, timeout)
+            try:
+                self._play(e, timeout)
+            except AgentError:
+                if not self._job_ended():
+                    raise
+                # the job trained its last step first (its steps outran the schedule): nothing more lands
+                self.log += [
+                    {"event": x.describe(), "step": x.step, "landed": None} for x in self.events[i - 1 :]
+                ]
+                break
             self._warm_spares(i)
         for host in sorted(self.spares):
             self.job.leave(host, timeout)
         self.spares.clear()
+
+    def _play(self, e: Event, timeout: float) -> None:
+        if e.time is not None:
+            self.job.wait(f"second {e.time:g}", lambda: self._elapsed() >= e.time, e.time + timeout)
+        if e.fail_hosts or e.partition:
+            self._hosts_fail(e, timeout)
+        elif e.fail:
+            self._fail(e, timeout)
+        else:
+            self._plan(e, timeout)
+
+    def _job_ended(self) -> bool:
+        """Whether the job trained its last step: the agents of its newest round all ended well (they do
+        then). Any other agent (a spare let in too late) is sent away."""
+        placed = placements(self.job.hosts.run_dir)
+        members = {host_of(d) for d in placed[max(placed)]} if placed else set()
+        procs = [p for h, p in {**self.job.leaving, **self.job.agents}.items() if h in members]
+        try:
+            if not procs or any(p.wait(END_WAIT_S) for p in procs):
+                return False
+        except subprocess.TimeoutExpired:
+            return False
+        for host in [h for h in self.job.agents if h not in members]:
+            self.job.dismiss(host)
+            self.spares.discard(host)
+        return True
 
     def timeline(self, steps: int | None, train: dict[str, Any]) -> list[dict[str, Any]]:
         """Once the job ended: its `timeline.jsonl` in `tenplex run`'s words (`agent_timeline`), which the

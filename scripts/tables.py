@@ -261,6 +261,16 @@ def agent_parts(row: dict) -> str:
     return ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in parts if abs(v) >= 0.005) or "–"
 
 
+def runtimes_after(doc: dict) -> str:
+    """Under the engines' table: wall time, the steps each change landed at, the ledger, the losses."""
+    wall, landed = doc["wall_s"], doc["landed"]
+    return (f"\nWall time: controller {wall['controller']:g} s, agents {wall['agents']:g} s (their start-up: "
+            f"an agent and its warm workers per host). Landed at steps: controller {landed['controller']}, "
+            f"agents {landed['agents']} (a failure resumes from the newest snapshot). Data ledger exact: "
+            f"{doc['ledger_ok']['controller'] and doc['ledger_ok']['agents']}; largest loss difference "
+            f"between the two: {doc['max_loss_diff']:.1e}.\n")  # fmt: skip
+
+
 PEERS = "python benchmarks/bench_peers.py"
 
 
@@ -569,6 +579,18 @@ TABLES: dict[str, Table] = {
             ("downtime (s)", key("agent_s", lambda v: num(v, 2))),
             ("of it, by part (s)", agent_parts),
         ),
+    ),
+    "runtimes": Table(
+        "bench_runtimes.json",
+        "python benchmarks/bench_runtimes.py",
+        (
+            ("change", key("change")),
+            ("at step", key("step")),
+            ("controller (s)", key("controller_s", lambda v: num(v, 2))),
+            ("agents (s)", key("agents_s", lambda v: num(v, 2))),
+            ("agents, by part (s)", agent_parts),
+        ),
+        after=runtimes_after,
     ),
     "deepspeed": Table(
         "bench_deepspeed.json",

@@ -42,7 +42,8 @@ log = logs.get("agent")
 PARK_TIMEOUT_S = 120.0  # a worker that neither parks nor dies this long after a change is killed, restarted
 # the same after a round broke (a worker failed, a host was lost or cut off): a worker still in a collective
 # then may wait forever (gloo cannot abort one); the others park within their commit grace (worker.py)
-BROKEN_PARK_S = 1.5  # (a replacement is a fork of the host's zygote: a fraction of a second)
+BROKEN_PARK_S = 1.0  # (a replacement is a fork of the host's zygote: a fraction of a second)
+RDZV_LEAD_S = 0.5  # a planned change's next round forms this long before the workers reach its step
 LINGER_S = 120.0  # a leaving agent keeps its store this long at most, until the next round has loaded
 
 
@@ -60,7 +61,8 @@ class Agent:
         self.restarts = 0
         self.base: dist.Store | None = None
         self.heard: dict[str, tuple[Any, float]] = {}  # per member: what its agent last said, and when
-        self.broken = False  # the round ended because it broke (a worker failed, a member fell silent)
+        # when the round broke (a worker failed, a member fell silent), else 0
+        self.broken = 0.0
         self.status: dict[str, Any] = {}  # what the beacon says of this agent (`_status`)
         self.marked = 0  # the newest round this agent marked loaded
         self.beacon: Beacon | None = None
@@ -118,7 +120,7 @@ class Agent:
         at = None if self.broken else at
         if self.told != (rnd.number, at):
             self.told = (rnd.number, at)
-            self.workers.stop(rnd, why, self.broken, at)
+            self.workers.stop(rnd, why, bool(self.broken), at)
         if peers and not has(self.base, job_key(self.cfg.run_id, "change", rnd.number)):
             put(self.base, job_key(self.cfg.run_id, "change", rnd.number), why)
             self.records.write(Change(rnd.number, why, at))
@@ -133,7 +135,7 @@ class Agent:
                 beat = time.monotonic()
                 silent = self._beat(rnd)
                 if silent:
-                    self.broken = True  # its workers' peers may wait on it in a collective forever
+                    self.broken = time.monotonic()  # its workers' peers may wait on it in a collective
                     assert self.base is not None  # the other agents expect the next round without it
                     put(self.base, job_key(self.cfg.run_id, "lost", rnd.number, silent), "1")
                     self._request_change(rnd, f"lost: the agent of {silent} fell silent")
@@ -160,7 +162,7 @@ class Agent:
         failed = {s: e["error"] for s, e in ended.items() if e["outcome"] in ("error", "dead")}
         failed.update(self.workers.broke(rnd))
         if failed:
-            self.broken = True
+            self.broken = time.monotonic()
             self._mark_refused(rnd)
             slot = min(failed)
             self._request_change(rnd, f"worker {slot}: {failed[slot]}")
@@ -176,11 +178,17 @@ class Agent:
     def _planned(self, rnd: Round, kind: str, why: str, ended: dict[int, Any]) -> str | None:
         """A planned end of the round (`kind`): at the step the job asked for (`--at-step`), else at the
         next step boundary. The workers are told now; the round ends once they stopped there (until then
-        it trains on, and the added devices' workers warm meanwhile)."""
+        it trains on, and the added devices' workers warm meanwhile). A host that stays ends it a
+        rendezvous' time before: the next round forms while the last steps train and save, and is handed
+        to the workers once they parked, so its group forms, and its ranks choose a snapshot, only after
+        that save. A leaving host does so only while a host of the round stays: were every one to leave
+        early, nothing would hold the next round's hosts back from an older snapshot."""
         assert self.base is not None
-        at = asked_at(self.base, self.cfg.run_id)
+        run_id = self.cfg.run_id
+        at = asked_at(self.base, run_id)
         self._request_change(rnd, why, at, peers=kind != "stop")
-        return kind if at is None or ended else None
+        stays = kind != "leave" or any(not has(self.base, job_key(run_id, "left", u)) for u in rnd.stores)
+        return kind if at is None or ended or (stays and self.workers.left_s(rnd) <= RDZV_LEAD_S) else None
 
     def _asked(self, rnd: Round) -> str | None:
         """What `tenplex devices` or `tenplex layout` asked that this round does not have, if anything;
@@ -254,9 +262,10 @@ class Agent:
 
     def _park(self, rnd: Round) -> list[int]:
         """Every worker out of the round; after a round broke, those stuck in a collective wait only
-        briefly before they are restarted (gloo cannot abort one)."""
-        timeout = BROKEN_PARK_S if self.broken else PARK_TIMEOUT_S
-        self.broken = False
+        briefly, counted from the break (the next round's rendezvous ran meanwhile), before they are
+        restarted (gloo cannot abort one)."""
+        timeout = max(0.3, self.broken + BROKEN_PARK_S - time.monotonic()) if self.broken else PARK_TIMEOUT_S
+        self.broken = 0.0
         return self.workers.park(rnd, timeout)
 
     def _status(self, rnd: Round) -> None:

@@ -185,6 +185,7 @@ class RankChannel:
 
     def __init__(self, address: str, phase: int, store: Any = None) -> None:
         self.address, self.phase, self._store = address, phase, store
+        self._checked = 0.0  # when the last step's stop check was (a step's time, for `stop_asked`)
 
     @property
     def store(self) -> Any:
@@ -199,9 +200,19 @@ class RankChannel:
             raise ChannelError(f"lost the runtime's store at {self.address}: {_said(e)}") from None
 
     def stop_asked(self, step: int | None = None) -> bool:
-        """Whether to stop after step `step` (None: whether a stop was said at all)."""
-        key = f"stop/{self.phase}"
-        return bool(self._ask(self.store.check, [key])) and stop_due(self._ask(self.store.get, key), step)
+        """Whether to stop after step `step` (None: whether a stop was said at all). While a stop waits for
+        a later step, how long the steps up to it will take at this pace is said back (`reached/N`, in
+        seconds: an agent forms the next round while the last ones train)."""
+        key, now = f"stop/{self.phase}", time.monotonic()
+        since, self._checked = now - self._checked, now
+        if not self._ask(self.store.check, [key]):
+            return False
+        word = self._ask(self.store.get, key)
+        due = stop_due(word, step)
+        if not due and step is not None:
+            left = (int(json.loads(word)["at"]) - step) * since
+            self._ask(self.store.set, f"reached/{self.phase}", str(left))
+        return due
 
     def broken(self) -> bool:
         """Whether the runtime found this phase broken (a host lost, a rank failed): nothing waiting on

@@ -152,6 +152,12 @@ class Workers:
                 out[slot] = {"outcome": "dead", "error": f"exit code {w.proc.returncode}"}
         return out
 
+    def left_s(self, rnd: Round) -> float:
+        """While a stop waits for a later step: how long the round's workers will train until it, at their
+        pace (infinite: not said)."""
+        key = f"reached/{rnd.number}"
+        return float(self.store.get(key)) if has(self.store, key) else float("inf")
+
     def broke(self, rnd: Round) -> dict[int, str]:
         """Workers whose round failed and that are still tearing it down (`worker.py` says so first)."""
         keys = {slot: f"broke/{rnd.number}/{slot}" for slot in rnd.devices}

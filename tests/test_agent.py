@@ -344,12 +344,15 @@ def test_agent_refuses_bad_input_in_one_line(tmp_path) -> None:
 
 def test_a_spare_never_let_in_leaves_without_joining(tmp_path) -> None:
     """A warm spare (`--standby`) waits, warm, outside the rendezvous; told to leave (SIGTERM) before it
-    was let in, it ends cleanly, never having formed a round, and says so in its records."""
+    was let in, it ends cleanly, never having formed a round, and says so in its records; `tenplex
+    status` lists it while it waits."""
     hosts = Hosts(tmp_path)
     job = AgentJob(hosts, "spare", _target(tmp_path, "spare", 0.0), nodes="1")
     try:
         job.start("A", standby=True)
         job.wait("the spare", lambda: job.waiting("A"))
+        shown = _cli(hosts, "status", "--rdzv-endpoint", job.endpoint, "--rdzv-id", "spare", "--json")
+        assert json.loads(shown.stdout)["spares"] == [job.store_url("A")], shown
         assert job.leave("A") == 0
     finally:
         job.close()

@@ -156,14 +156,19 @@ def _status(args: argparse.Namespace) -> int:
         from .rundir_view import print_status
 
         return print_status(args.run_dir, args.json)
-    from ..runtime.asked import asked_at
+    from ..runtime.asked import asked_at, spares
 
     base, agents = _job(args)
-    if not agents:
+    waiting = spares(base, args.rdzv_id)
+    if not agents and not waiting:
         raise TenplexError(f"no agent of job {args.rdzv_id!r} reported to {args.rdzv_endpoint}")
     at = asked_at(base, args.rdzv_id)
     if args.json:
-        print(json.dumps({"job": args.rdzv_id, "agents": agents, "at_step": at}))
+        print(json.dumps({"job": args.rdzv_id, "agents": agents, "spares": waiting, "at_step": at}))
+        return 0
+    if waiting:
+        print(f"warm spares waiting to be let in (tenplex admit STORE_URL): {', '.join(waiting)}")
+    if not agents:
         return 0
     now = time.time()
     rows = [

@@ -91,12 +91,20 @@ def offer(base: dist.Store, run_id: str, store_url: str, waiting: bool) -> None:
     key = job_key(run_id, "standby", store_url)
     if waiting:
         put(base, key, "1")
+        put(base, job_key(run_id, "spare", base.add(job_key(run_id, "spares"), 1) - 1), store_url)
     else:
         base.delete_key(key)
 
 
 def waits(base: dist.Store, run_id: str, store_url: str) -> bool:
     return has(base, job_key(run_id, "standby", store_url))
+
+
+def spares(base: dist.Store, run_id: str) -> list[str]:
+    """The store URLs of the standby agents that wait, warm, to be let in (`tenplex status` lists them)."""
+    keys = [job_key(run_id, "spare", i) for i in range(base.add(job_key(run_id, "spares"), 0))]
+    urls = dict.fromkeys(base.get(k).decode() for k in keys if has(base, k))
+    return [u for u in urls if waits(base, run_id, u)]
 
 
 def admit(base: dist.Store, run_id: str, store_url: str) -> None:

@@ -17,7 +17,7 @@ each runtime:
   1 s x 3 heartbeats, 0.1 s monitor interval) and the same stores, which the user starts by hand with a
   replica ring of both hosts (without it the lost host ends the job); `TORCH_DISABLE_SHARE_RDZV_TCP_STORE`;
 - tenplex run: the local runtime, `--network netns --nic-gbps 1 --replicas 1`, a schedule with the same
-  four changes (its own downtime accounting, from its summary).
+  four changes (downtime by the same definition, from its timeline's step records).
 
 Downtime: from the old round's last step to the new round's first, less one step's time (0.2 s steps
 here); the agent's in parts too, from its rounds' records (`round_records.round_parts`). For a lost host,
@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import print_rows, write_results
+from common import print_rows, step_gaps, write_results
 from tenplex.runtime import netns
 from tenplex.runtime.agent_hosts import TABLE, AgentJob, Hosts, Rendezvous, reference_target, wait_until
 from tenplex.runtime.records import read_records
@@ -204,7 +204,8 @@ def detection(tmp: Path, lost: float) -> float:
 
 
 def tenplex_run(args: argparse.Namespace, tmp: Path) -> list[float]:
-    """The same four changes under `tenplex run` (its own downtime accounting)."""
+    """The same four changes under `tenplex run`, their downtime from its timeline by the agent's
+    definition (`common.step_gaps`)."""
     schedule = [
         {"step": 0, "devices": 2},
         {"step": 8, "devices": 4},
@@ -244,8 +245,7 @@ def tenplex_run(args: argparse.Namespace, tmp: Path) -> list[float]:
         *net,
     ]
     subprocess.run(cmd, check=True, capture_output=True, timeout=600)
-    summary = json.loads((tmp / "run" / "summary.json").read_text())
-    return [r["downtime"] for r in summary["reconfigurations"]]
+    return step_gaps(tmp / "run")
 
 
 def main() -> None:

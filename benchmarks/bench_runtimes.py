@@ -19,31 +19,18 @@ import shutil
 import sys
 import tempfile
 import time
-from collections import defaultdict
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import print_rows, write_results
+from common import print_rows, step_gaps, write_results
 from tenplex.runtime.agent_run import AgentRun
 from tenplex.runtime.demo import SCHEDULE
-from tenplex.runtime.history import timeline
 from tenplex.runtime.runconfig import REFERENCE, REFERENCE_SNAPSHOT_EVERY, RunConfig
 from tenplex.runtime.schedule import parse_schedule
 from tenplex.train.config import TrainConfig
 
 STEPS = 60
-
-
-def step_gaps(run_dir: Path) -> list[float]:
-    """Per change: the old phase's last step record to the new phase's first, less the new phase's step."""
-    steps: dict[int, list[float]] = defaultdict(list)
-    for r in timeline(run_dir):
-        if r["kind"] == "worker" and r["event"] == "step":
-            steps[r["phase"]].append(r["time"])
-    phases = [p for p in steps if len(steps[p]) > 1]
-    return [steps[b][0] - steps[a][-1] - (steps[b][1] - steps[b][0]) for a, b in pairwise(phases)]
 
 
 def one(engine: str, base: Path) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import os
 import platform
 import time
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 
 
@@ -66,3 +67,17 @@ def _fmt(v: object) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
     return str(v)
+
+
+def step_gaps(run_dir: Path) -> list[float]:
+    """Per change of a run (its `timeline.jsonl`, the controller's or one from agents): the old phase's last
+    step record to the new phase's first, less the new phase's step: one downtime definition for both."""
+    from tenplex.runtime.history import timeline
+    from tenplex.runtime.round_records import typical_step
+
+    steps: dict[int, list[float]] = {}
+    for r in timeline(run_dir):
+        if r["kind"] == "worker" and r["event"] == "step":
+            steps.setdefault(r["phase"], []).append(r["at"])  # the rank's time (`time`: when it was copied)
+    phases = [p for p in steps if len(steps[p]) > 1]
+    return [steps[b][0] - steps[a][-1] - typical_step(steps[b]) for a, b in pairwise(phases)]

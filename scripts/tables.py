@@ -245,9 +245,9 @@ def agent_after(doc: dict) -> str:
         if doc.get("network") == "netns"
         else "loopback hosts"
     )
-    return (f"\nOn {where}, {doc.get('pace_s', 0):g} s steps. Agent and torchrun: from the old round's last "
-            "step to the new round's first, less one step; `tenplex run`: its own accounting of the same "
-            "first four changes (one machine's runtime, ranks started ahead). A lost host's downtime "
+    return (f"\nOn {where}, {doc.get('pace_s', 0):g} s steps. Every runtime's downtime from the old round's "
+            "last step to the new round's first, less one step (`tenplex run`: one machine's runtime, ranks "
+            "started ahead, the same first four changes, its steps unpaced). A lost host's downtime "
             "includes the failure detection, shown apart for the agent: until the next round formed (a host "
             "whose store refuses or is unreachable is taken out of the rendezvous once a collective breaks; "
             "a silent one after 3 s without heartbeats). A host's devices changing while it stays: `tenplex "

@@ -70,9 +70,9 @@ def trained(out: Path, world: int, since: float = 0.0) -> int:
 
 def downtimes(out: Path, hosts_dir: Path | None = None) -> list[dict[str, Any]]:
     """Per change: from the old round's last step record to the new round's first, less one step's
-    time (a step's record is written when it ends): the downtime as the job saw it. With `hosts_dir` (the
-    directory of the job's agents' run directories, whose records say when each round formed: the last
-    of its agents to), its parts too (`round_parts`)."""
+    time (a step's record is written when it ends; `typical_step`): the downtime as the job saw it. With
+    `hosts_dir` (the directory of the job's agents' run directories, whose records say when each round
+    formed: the last of its agents to), its parts too (`round_parts`)."""
     rs = [r for r in rounds(out) if r["steps"]]
     formed: dict[int, float] = {}
     for f in sorted(hosts_dir.glob("*/agent.jsonl")) if hosts_dir is not None else []:
@@ -81,7 +81,7 @@ def downtimes(out: Path, hosts_dir: Path | None = None) -> list[dict[str, Any]]:
                 formed[r["round"]] = max(r["time"], formed.get(r["round"], r["time"]))
     found = []
     for a, b in pairwise(rs):
-        step = b["steps"][1]["time"] - b["steps"][0]["time"] if len(b["steps"]) > 1 else 0.0
+        step = typical_step([s["time"] for s in b["steps"]])
         gap = b["steps"][0]["time"] - a["steps"][-1]["time"] - step
         found.append(
             {
@@ -95,6 +95,13 @@ def downtimes(out: Path, hosts_dir: Path | None = None) -> list[dict[str, Any]]:
         if hosts_dir is not None:
             found[-1]["parts"] = round_parts(a, b, formed.get(b["round"]), step, gap)
     return found
+
+
+def typical_step(times: list[float]) -> float:
+    """A phase's step time from its step records' times: the median interval (one slow step, a snapshot's
+    stall or a rehearsed layout's first real step, does not count), 0 with fewer than two."""
+    gaps = sorted(b - a for a, b in pairwise(times))
+    return gaps[len(gaps) // 2] if gaps else 0.0
 
 
 def round_parts(

@@ -35,6 +35,7 @@ from tenplex.train.config import TrainConfig
 pytestmark = pytest.mark.dist
 
 STEPS = 120  # enough that the job is still training when the last host joins, on a loaded machine too
+SCHEDULE_STEPS = 132  # the schedule test's (a spare started after its host left has 36 steps to warm)
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "elastic_charlm.py"
 TOLERANCE = 1e-4  # fp32 round-off of other layouts (tp/pp/dp sums in another order), over the run
 
@@ -48,12 +49,11 @@ def _cli(hosts: Hosts, *args: str) -> subprocess.CompletedProcess:
     return hosts.run("rdzv", [sys.executable, "-m", "tenplex.cli.main", *args])
 
 
-@pytest.fixture(scope="module")
-def static(tmp_path_factory) -> dict[int, float]:
-    """The losses of the same job on one host, no change."""
-    tmp = tmp_path_factory.mktemp("static")
+def _static(tmp: Path, steps: int) -> dict[int, float]:
+    """The losses of the same job on one host, no change (its LR schedule spans `steps`)."""
+    tmp.mkdir(parents=True, exist_ok=True)
     hosts = Hosts(tmp)
-    job = AgentJob(hosts, "static", _target(tmp, "static", 0.0), nodes="1")
+    job = AgentJob(hosts, "static", _target(tmp, "static", 0.0, steps), nodes="1")
     try:
         p = job.start("A")
         assert p.wait(120) == 0, (tmp / "agent-A.log").read_text()[-3000:]
@@ -61,6 +61,11 @@ def static(tmp_path_factory) -> dict[int, float]:
         job.close()
         hosts.close()
     return {s["step"]: s["loss"] for r in rounds(tmp / "out") for s in r["steps"]}
+
+
+@pytest.fixture(scope="module")
+def static(tmp_path_factory) -> dict[int, float]:
+    return _static(tmp_path_factory.mktemp("static"), STEPS)
 
 
 def _scenario(tmp: Path, network: str) -> dict:
@@ -231,21 +236,22 @@ def test_a_hosts_devices_and_the_layout_change_while_it_stays(tmp_path, static) 
               {k: round(v, 2) for k, v in d["parts"].items()})  # fmt: skip
 
 
-# a join, a host lost, a redeploy onto fresh hosts (every agent leaves, new ones join), a scale-out with a
-# layout named, each 24 steps (11 s) apart (a spare for a host that joins again warms meanwhile), a rank's
-# device failed, and a scale-in by time (at the next step boundary)
+# a join, a host lost, a redeploy onto fresh hosts (every agent leaves, new ones join), each 24 steps (11 s)
+# apart, a scale-out with a layout named 36 steps later (a spare for a host that joins again warms meanwhile:
+# it starts once its host's old agent ended), a rank's device failed, and a scale-in by time (at the next
+# step boundary)
 SCHEDULE = [
     {"step": 0, "devices": 2},
     {"step": 24, "devices": 4},
     {"step": 48, "fail_hosts": ["h1"]},
     {"step": 72, "redeploy": True},
-    {"step": 96, "devices": 4, "layout": {"dp": 1, "tp": 2, "pp": 2}},
-    {"step": 108, "fail": [3]},
+    {"step": 108, "devices": 4, "layout": {"dp": 1, "tp": 2, "pp": 2}},
+    {"step": 120, "fail": [3]},
     {"time": 0, "devices": 2},  # at once once the failure's round loaded: at the next step boundary
 ]
 
 
-def test_a_schedule_played_on_agents(tmp_path, static) -> None:
+def test_a_schedule_played_on_agents(tmp_path) -> None:
     """`tenplex run`'s resource schedule played on agents (`runtime/agent_run.py`, `runtime/driver.py`): each
     planned change lands at its step (the round trains to it, the next loads it), the lost host's shards
     come from their replica, the redeploy's new hosts load from the old hosts' stores (kept until the new
@@ -254,15 +260,16 @@ def test_a_schedule_played_on_agents(tmp_path, static) -> None:
     partition on loopback hosts is refused before anything starts."""
     with pytest.raises(DriverError, match="a partition needs namespace hosts"):
         refuse(parse_schedule([{"step": 0, "devices": 2}, {"step": 5, "partition": ["h0"]}]), False)
-    train = TrainConfig(model="tiny", global_batch=12, steps=STEPS)  # the static run's (`reference_target`)
-    cfg = RunConfig(train, parse_schedule(SCHEDULE), STEPS, tmp_path, job="sched", snapshot_every=2,
+    static = _static(tmp_path / "static", SCHEDULE_STEPS)
+    train = TrainConfig(model="tiny", global_batch=12, steps=SCHEDULE_STEPS)  # as `reference_target`'s
+    cfg = RunConfig(train, parse_schedule(SCHEDULE), SCHEDULE_STEPS, tmp_path, job="sched", snapshot_every=2,
                     table=TABLE, quiet=True)  # fmt: skip
     run = AgentRun(cfg, pace=0.45)
     s = run.run()
     job, driver, out = run.job, run.driver, tmp_path
     assert job is not None and driver is not None
     planned = [(x["step"], x["landed"]) for x in driver.log if "fail" not in x["event"] and x["step"]]
-    assert planned == [(24, 24), (72, 72), (96, 96)], driver.log
+    assert planned == [(24, 24), (72, 72), (108, 108)], driver.log
     rs = [r for r in rounds(out) if r["ready"]]
     assert [r["ready"]["world"] for r in rs] == [2, 4, 2, 2, 4, 3, 2], [r["ready"] for r in rs]
     assert rs[4]["ready"]["layout"] == "dp1-tp2-pp2"
@@ -275,10 +282,10 @@ def test_a_schedule_played_on_agents(tmp_path, static) -> None:
     assert all(job.store_url("h1") in r["retired"] for r in formed), formed
     assert rs[2]["start"]["step"] >= 44  # the newest snapshot before the loss, from h1's replica on h0
     assert pids[3] < pids[4] and not pids[4] & pids[1]  # the fresh hosts' own processes, kept
-    assert rs[-1]["done"]["step"] == STEPS and ledger(out)["ok"]
+    assert rs[-1]["done"]["step"] == SCHEDULE_STEPS and ledger(out)["ok"]
     losses = {s["step"]: s["loss"] for r in rs for s in r["steps"]}
     worst = max(abs(losses[k] - static[k]) for k in losses)
-    assert sorted(losses) == list(range(1, STEPS + 1)) and worst <= TOLERANCE, worst
+    assert sorted(losses) == list(range(1, SCHEDULE_STEPS + 1)) and worst <= TOLERANCE, worst
     # the job told in `tenplex run`'s words: what its report, summary and plot read
     assert json.loads((tmp_path / "summary.json").read_text())["ledger"] == s["ledger"]
     assert (tmp_path / "timeline.png").exists()
@@ -286,11 +293,11 @@ def test_a_schedule_played_on_agents(tmp_path, static) -> None:
     assert [k for k, _ in kinds] == [
         "scale out 2 → 4", "failure", "redeploy", "scale out 2 → 4", "failure", "scale in 3 → 2"
     ], kinds  # fmt: skip
-    assert [kinds[i][1] for i in (0, 2, 3)] == [24, 72, 96], kinds
+    assert [kinds[i][1] for i in (0, 2, 3)] == [24, 72, 108], kinds
     lost = [(f["hosts"], f["devices"]) for f in s["failures"]]
     assert lost[0][0] == ["h1"] and len(lost[1][1]) == 1 and not lost[1][0], lost
     assert [r["step"] for r in s["recoveries"]] == [rs[2]["start"]["step"], rs[-2]["start"]["step"]]
-    assert s["ledger"]["ok"] and s["losses"] == losses and s["steps"] == STEPS
+    assert s["ledger"]["ok"] and s["losses"] == losses and s["steps"] == SCHEDULE_STEPS
     assert all(set(r["parts"]) == set(PARTS) and r["downtime"] > 0 for r in s["reconfigurations"])
     print_report(s)
 

@@ -265,8 +265,8 @@ class Agent:
         briefly, counted from the break (the next round's rendezvous ran meanwhile), before they are
         restarted (gloo cannot abort one)."""
         timeout = max(0.3, self.broken + BROKEN_PARK_S - time.monotonic()) if self.broken else PARK_TIMEOUT_S
-        self.broken = 0.0
-        return self.workers.park(rnd, timeout)
+        self.broken = 0.0  # (a round that breaks while its planned end is awaited: BROKEN_PARK_S from then)
+        return self.workers.park(rnd, timeout, BROKEN_PARK_S)
 
     def _status(self, rnd: Round) -> None:
         self.status = {

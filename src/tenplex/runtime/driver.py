@@ -167,6 +167,9 @@ class ScheduleDriver:
         new = allocate(e, self.allocation, self.pool)
         before, after = by_host(self.allocation), by_host(new)
         layout = ",".join(f"{k}={v}" for k, v in e.layout.items()) if e.layout else "auto"
+        # the event's spares warm before any ask: an event is one change, never a round without them first
+        for host in (after.keys() - before.keys()) & self.spares:
+            self.job.wait(f"the spare on {host}", lambda h=host: self.job.waiting(h), timeout)
         self.job.ask("layout", layout, at=at)  # first: no agent sees the others without the step
         for host in after.keys() - before.keys():  # next: a spare is let in, else one starts (and warms)
             self._join(host, after[host], at, timeout)

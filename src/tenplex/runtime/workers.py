@@ -163,11 +163,16 @@ class Workers:
         keys = {slot: f"broke/{rnd.number}/{slot}" for slot in rnd.devices}
         return {slot: self.store.get(k).decode() for slot, k in keys.items() if has(self.store, k)}
 
-    def park(self, rnd: Round, timeout: float) -> list[int]:
-        """Wait until every worker ended the round; replace those that died or still hang after `timeout`.
-        The slots whose round failed (error, dead, hung)."""
-        deadline = time.monotonic() + timeout
+    def park(self, rnd: Round, timeout: float, broken: float | None = None) -> list[int]:
+        """Wait until every worker ended the round; replace those that died or still hang after `timeout`,
+        or `broken` after the round is seen to break meanwhile (a worker failed or died: one stuck in a
+        collective with it would wait forever). The slots whose round failed (error, dead, hung)."""
+        deadline, looks = time.monotonic() + timeout, 0
         while len(ended := self.ended(rnd)) < len(rnd.devices) and time.monotonic() < deadline:
+            looks += 1
+            failed = any(e["outcome"] in ("error", "dead") for e in ended.values())
+            if broken is not None and looks % 10 == 0 and (failed or self.broke(rnd)):
+                deadline, broken = min(deadline, time.monotonic() + broken), None
             time.sleep(0.01)
         failed = []
         for slot in rnd.devices:

@@ -371,12 +371,14 @@ def test_a_spare_never_let_in_leaves_without_joining(tmp_path) -> None:
 def test_a_job_that_ends_before_its_schedule_does_ends_cleanly(tmp_path) -> None:
     """`AgentRun`: the job trains its last step (8) before the schedule's next event (step 20) comes:
     that event never lands (the driver's log says so), the agents end well, a leaving host does not
-    linger, and the run's summary has its one round and an exact ledger. A script is refused in one
-    line (not on agents yet)."""
+    linger, and the run's summary has its one round and an exact ledger. A script, and settings the
+    agents have no counterpart for, are refused in one line (not on agents yet)."""
     train = TrainConfig(model="tiny", global_batch=12, steps=8)
     schedule = parse_schedule([{"step": 0, "devices": 2}, {"step": 20, "devices": 4}])
     with pytest.raises(AgentRunError, match="a script's run on agents is not there yet"):
         AgentRun(RunConfig(train, schedule, 8, tmp_path / "s", script=[str(EXAMPLE)]))
+    with pytest.raises(AgentRunError, match="not on agents yet: --nic-latency-ms, --fresh"):
+        AgentRun(RunConfig(train, schedule, 8, tmp_path / "s", nic_latency_ms=5.0, fresh=True))
     run = AgentRun(RunConfig(train, schedule, 8, tmp_path, job="short", snapshot_every=2, quiet=True))
     t = time.monotonic()
     s = run.run()

@@ -79,8 +79,8 @@ def test_an_agent_jobs_rounds_become_tenplex_runs_timeline(tmp_path) -> None:
 
 
 def test_an_agent_runs_rendezvous_takes_the_most_hosts_the_schedule_has_at_once() -> None:
-    """`AgentRun`'s `--nnodes 1:MAX`: the demo's schedule has at most 2 hosts at once (h0 h1, then h2 h3),
-    one of 6 devices on 2-device hosts 3."""
+    """`AgentRun`'s `--nnodes 1:MAX`: the demo's schedule has at most 2 hosts at once (h0 h1, then h2 h3);
+    a schedule that grows to 6 devices on 2-device hosts has 3."""
     from tenplex.runtime.agent_run import max_hosts
     from tenplex.runtime.demo import SCHEDULE
     from tenplex.runtime.runconfig import RunConfig

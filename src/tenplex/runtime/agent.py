@@ -187,8 +187,10 @@ class Agent:
         run_id = self.cfg.run_id
         at = asked_at(self.base, run_id)
         self._request_change(rnd, why, at, peers=kind != "stop")
+        if at is None or ended:
+            return kind
         stays = kind != "leave" or any(not has(self.base, job_key(run_id, "left", u)) for u in rnd.stores)
-        return kind if at is None or ended or (stays and self.workers.left_s(rnd) <= RDZV_LEAD_S) else None
+        return kind if stays and self.workers.left_s(rnd) <= RDZV_LEAD_S else None
 
     def _asked(self, rnd: Round) -> str | None:
         """What `tenplex devices` or `tenplex layout` asked that this round does not have, if anything;

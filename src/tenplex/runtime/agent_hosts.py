@@ -21,7 +21,7 @@ from typing import Any
 from ..util import free_port
 from . import netns
 from .agent_timeline import placements
-from .hosts import host_of
+from .hosts import device_index, host_of
 from .round_records import records
 from .rounds import AgentError
 
@@ -262,7 +262,7 @@ class AgentJob:
     def ranks(self) -> list[tuple[str, int]]:
         """(host, device) of every rank of the newest round, in rank order (`agent_timeline.placements`)."""
         placed = placements(self.hosts.run_dir)
-        return [(host_of(d), int(d.rsplit("/d", 1)[1])) for d in placed[max(placed)]] if placed else []
+        return [(host_of(d), device_index(d)) for d in placed[max(placed)]] if placed else []
 
     def store_url(self, name: str) -> str:
         return f"http://{self.hosts.add(name)}:{self.stores[name]}"

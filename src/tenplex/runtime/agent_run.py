@@ -17,31 +17,23 @@ from typing import Any
 
 from ..ptc import TenplexError
 from .agent_hosts import AgentJob, Hosts, elastic_target
-from .driver import ScheduleDriver
-from .hosts import allocate, host_of
+from .driver import Pool, ScheduleDriver, by_host, foreseen
 from .report import plot, summary, write_json
 from .runconfig import RunConfig
-from .schedule import Event
 
 TRAIN_ARGS = ("model", "global_batch", "micro_batch", "seed", "lr", "warmup", "steps", "device")
 END_S = 300.0  # after the schedule's last event, the agents end the job within this (its last steps)
 
 
 class AgentRunError(TenplexError):
-    """A run the agents cannot take yet (a user's script), or one whose agents failed."""
+    """A run the agents cannot take yet (a user's script, settings they have no counterpart for), or one
+    whose agents failed."""
 
 
 def max_hosts(cfg: RunConfig) -> int:
     """The most hosts any event of the schedule has at once (the rendezvous' MAX)."""
-    from .driver import Pool
-
-    pool, alloc, most = Pool(cfg.devices_per_host), [], 1
-    for e in cfg.schedule:
-        pool.failed_hosts |= {*e.fail_hosts, *e.partition}
-        if not e.fail:
-            alloc = allocate(Event(step=e.step) if e.fail_hosts or e.partition else e, alloc, pool)
-        most = max(most, len({host_of(d) for d in alloc}))
-    return most
+    allocations = foreseen(cfg.schedule, [], Pool(cfg.devices_per_host))
+    return max((len(by_host(a)) for a in allocations), default=1)
 
 
 class AgentRun:
@@ -50,6 +42,11 @@ class AgentRun:
     def __init__(self, cfg: RunConfig, pace: float = 0.0) -> None:
         if cfg.script:
             raise AgentRunError("a script's run on agents is not there yet: run it with `tenplex agent`")
+        unsupported = {"--nic-latency-ms": cfg.nic_latency_ms, "--keep-stores": cfg.keep_stores,
+                       "--fresh": cfg.fresh}  # fmt: skip
+        if any(unsupported.values()):  # said, not silently dropped
+            names = ", ".join(k for k, v in unsupported.items() if v)
+            raise AgentRunError(f"not on agents yet: {names}")
         self.cfg, self.pace = cfg, pace
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
         self.run_dir = cfg.run_dir.resolve()

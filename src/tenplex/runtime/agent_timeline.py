@@ -49,10 +49,11 @@ def write_timeline(out: Path, hosts_dir: Path, start: Start) -> list[dict[str, A
     def put(record: Any, t: float, **extra: Any) -> None:
         written.append(timeline.write(record, time=t, **extra))
 
-    first = next((r for r in rounds(out) if r["start"]), None)
+    rs = rounds(out)
+    first = next((r for r in rs if r["start"]), None)
     put(start, first["start"]["time"] if first else 0.0)
     prev: dict[str, Any] | None = None
-    for r in rounds(out):
+    for r in rs:
         if not r["ready"]:
             continue  # a round that never trained (it broke while it formed): the next one says it all
         n, devices = r["round"], placed.get(r["round"], [])

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 from ..ptc import TenplexError
 from .agent_hosts import AgentJob
 from .agent_timeline import placements, write_timeline
-from .hosts import allocate, host_of
+from .hosts import allocate, device_index, host_of
 from .record_types import Start
 from .round_records import rounds, step_now
 from .rounds import AgentError
@@ -52,8 +53,19 @@ def by_host(devices: list[str]) -> dict[str, list[int]]:
     """`["h0/d0", "h0/d1", "h1/d0"]` -> `{"h0": [0, 1], "h1": [0]}`, in rank order."""
     out: dict[str, list[int]] = {}
     for d in devices:
-        out.setdefault(host_of(d), []).append(int(d.rsplit("/d", 1)[1]))
+        out.setdefault(host_of(d), []).append(device_index(d))
     return out
+
+
+def foreseen(events: list[Event], allocation: list[str], pool: Pool) -> Iterator[list[str]]:
+    """The allocation after each of `events` from `allocation`, but a rank's failure (which device it
+    takes is known only then: it is left out); `pool` takes the hosts the events fail."""
+    for e in events:
+        if e.fail:
+            continue
+        pool.failed_hosts |= {*e.fail_hosts, *e.partition}
+        allocation = allocate(Event(step=e.step) if e.fail_hosts or e.partition else e, allocation, pool)
+        yield allocation
 
 
 def refuse(events: list[Event], namespaces: bool) -> None:
@@ -146,11 +158,7 @@ class ScheduleDriver:
         pool = Pool(self.pool.devices_per_host, failed_hosts=set(self.pool.failed_hosts),
                     failed_devices=set(self.pool.failed_devices))  # fmt: skip
         alloc, first = self.allocation, {}
-        for e in self.events[index:]:
-            if e.fail:
-                continue
-            pool.failed_hosts |= {*e.fail_hosts, *e.partition}
-            after = allocate(Event(step=e.step) if e.fail_hosts or e.partition else e, alloc, pool)
+        for after in foreseen(self.events[index:], alloc, pool):
             for host, devices in by_host(after).items():
                 if host not in by_host(alloc):
                     first.setdefault(host, len(devices))

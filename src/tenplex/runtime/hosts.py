@@ -32,6 +32,11 @@ def host_of(device: str) -> str:
     return device.split("/", 1)[0]
 
 
+def device_index(device: str) -> int:
+    """The device's index on its host (`h3/d1` -> 1)."""
+    return int(device.rsplit("/d", 1)[1])
+
+
 @dataclass
 class EmulatedHosts:
     run_dir: Path

@@ -170,8 +170,8 @@ class Workers:
         deadline, looks = time.monotonic() + timeout, 0
         while len(ended := self.ended(rnd)) < len(rnd.devices) and time.monotonic() < deadline:
             looks += 1
-            failed = any(e["outcome"] in ("error", "dead") for e in ended.values())
-            if broken is not None and looks % 10 == 0 and (failed or self.broke(rnd)):
+            broke = any(e["outcome"] in ("error", "dead") for e in ended.values())
+            if broken is not None and looks % 10 == 0 and (broke or self.broke(rnd)):
                 deadline, broken = min(deadline, time.monotonic() + broken), None
             time.sleep(0.01)
         failed = []

@@ -4,7 +4,9 @@ then leaves at one; the job ends on the first host. The rendezvous endpoint runs
 (`tenplex rendezvous`). Then changes of devices and layout at asked steps, `tenplex run`'s schedules
 played on agents (`runtime/driver.py`), a persisted checkpoint, a cut-off host, a user's FSDP2 script.
 
-Checked: the first host's workers are the same processes in every round (kept, never restarted); every
+Checked: the first host's workers are the same processes from a round to the round after a failure, or
+after any change with `--no-ahead` (kept, never restarted), and a planned change's round is handed to
+workers forked while the round before trains (`ahead` in its ready record); every
 round after the first loads a snapshot (never a fresh start while one survives: the lost host's shards
 come from their replica); the recovery's record names the lost store; every sample is used exactly once;
 the losses equal a static run's; `tenplex status` shows the agents and `tenplex stop` ends a job.
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -116,19 +120,22 @@ def test_agents_join_lose_a_host_rejoin_and_leave(tmp_path, static) -> None:
     assert worlds[0] == 2 and worlds.count(4) >= 2 and worlds[-1] == 2, worlds
     assert rs[0]["start"]["kind"] == "fresh"
     assert all(r["start"]["kind"] == "loaded" for r in rs[1:]), [r["start"]["kind"] for r in rs]
-    # the first host's workers were kept: the same processes in every round, the lost host's included,
-    # but for a worker that hung in the broken round's collective (gloo cannot abort one): the spare took
-    # its slot
-    a_pids = {pid for r in rs if r["ready"]["world"] == 2 for pid in r["ready"]["pids"]}
+    recovered = next(r for r in rs if r["start"]["time"] > seen["lost_at"])
+    # the changes planned at a step were handed ahead (forked and built while the round before trained: C's
+    # join and leave; B joined at the next step boundary, no time to build ahead); after the loss, A's
+    # workers were kept, the same processes, but for one that hung in the broken round's collective (gloo
+    # cannot abort one): a fork took its slot
+    i = rs.index(recovered)
+    assert [bool(r["ready"].get("ahead")) for r in rs] == [False] * (len(rs) - 2) + [True, True], rs
     failed = [r for r in _records(tmp_path / "A") if r["kind"] == "worker_failed"]
     replaced = [r for r in failed if r["outcome"] != "error"]
-    assert len(a_pids) == 2 + len(replaced), (a_pids, replaced)
+    kept = set(recovered["ready"]["pids"]) & set(rs[i - 1]["ready"]["pids"])
+    assert len(kept) == 2 - len(replaced), (recovered["ready"], rs[i - 1]["ready"], replaced)
     # the lost host was found at once (its store refused, or its address was unreachable), not after its
     # heartbeats lapsed: the next round formed without waiting for them
     found = [r for r in _records(tmp_path / "A") if r["kind"] == "found_lost"]
     assert [r["store"] for r in found] == [seen["b_url"]], found
     # the recovery after the loss names the lost store and loaded a snapshot no older than needed
-    recovered = next(r for r in rs if r["start"]["time"] > seen["lost_at"])
     assert seen["b_url"] in recovered["start"]["lost_stores"], recovered["start"]
     # its shards came from their replica (`replaced`), unless the new layout needed none of them (dp2's
     # other replica on A holds the same state): either way nothing of B was read
@@ -176,12 +183,12 @@ def test_a_hosts_devices_and_the_layout_change_while_it_stays(tmp_path, static) 
     the step it names (`--at-step`): one host's devices go 0,1 -> 0,1,2,3 (two added), the layout is asked
     for at the same world (dp2-tp2 -> dp1-tp2-pp2), then the devices go to 1,3 (two removed, as when a
     device fails; the asked layout does not fit 2 ranks, so the table's is taken), then `tenplex stop`.
-    Each round ends exactly at the step asked for and the next loads that step; the workers of the
-    devices that stay are the same processes throughout (a removed device's worker ends, an added one's
-    is forked while the old round still trains); the losses equal the static run's, every sample is used
-    once."""
+    Each round ends exactly at the step asked for and the next loads that step; with `--no-ahead` (as on
+    accelerators) the workers of the devices that stay are the same processes throughout (a removed
+    device's worker ends, an added one's is forked while the old round still trains); the losses equal
+    the static run's, every sample is used once."""
     hosts = Hosts(tmp_path)
-    job = AgentJob(hosts, "devs", _target(tmp_path, "devs", 0.3), nodes="1")
+    job = AgentJob(hosts, "devs", _target(tmp_path, "devs", 0.3), nodes="1", extra=["--no-ahead"])
     out = tmp_path / "out"
     rdzv = ["--rdzv-endpoint", job.endpoint, "--rdzv-id", "devs"]
 
@@ -240,6 +247,46 @@ def test_a_hosts_devices_and_the_layout_change_while_it_stays(tmp_path, static) 
 # apart, a scale-out with a layout named 36 steps later (a spare for a host that joins again warms meanwhile:
 # it starts once its host's old agent ended), a rank's device failed, and a scale-in by time (at the next
 # step boundary)
+def test_a_round_handed_ahead_is_cancelled_when_the_old_round_fails_first(tmp_path, static) -> None:
+    """A planned change (a layout asked 30 steps ahead) forms its round early and hands it to workers
+    forked ahead; then a worker of the old round dies before the change's step, so the old round never
+    saves it and never gives the new one its turn: the round handed ahead is cancelled (its workers killed
+    before they loaded anything), a round after it forms with the kept worker and a fork in the dead one's
+    slot, and it loads the newest snapshot before the failure. The losses equal the static run's, every
+    sample is used once."""
+    hosts = Hosts(tmp_path)
+    job = AgentJob(hosts, "cancel", _target(tmp_path, "cancel", 0.2), nodes="1")
+    out = tmp_path / "out"
+    try:
+        a = job.start("A")
+        job.wait("round 1 to train", lambda: step_now(out) >= 5)
+        at = step_now(out) + 30  # the next round forms AHEAD_LEAD_S before it, handed ahead
+        job.ask("layout", "tp=2", at=at)
+        formed = lambda: [r["round"] for r in _records(tmp_path / "A") if r["kind"] == "round"]  # noqa: E731
+        job.wait("the round handed ahead", lambda: formed() == [1, 2])
+        died = step_now(out)
+        assert died < at - 3, (died, at)
+        os.kill(rounds(out)[0]["ready"]["pids"][1], signal.SIGKILL)
+        assert a.wait(150) == 0, (tmp_path / "agent-A.log").read_text()[-4000:]
+    finally:
+        job.close()
+        hosts.close()
+    recs = _records(tmp_path / "A")
+    cancelled = [r for r in recs if r["kind"] == "change" and r["round"] == 2]
+    assert cancelled and "failed before its final save" in cancelled[0]["why"], recs
+    assert [r["round"] for r in recs if r["kind"] == "round"] == [1, 2, 3]
+    rs = [r for r in rounds(out) if r["ready"]]
+    assert [(r["round"], r["ready"]["world"], bool(r["ready"].get("ahead"))) for r in rs] == [
+        (1, 2, False), (3, 2, False)
+    ], [r["ready"] for r in rs]  # fmt: skip
+    assert rs[1]["start"]["kind"] == "loaded" and died - 4 <= rs[1]["start"]["step"] <= died + 1
+    assert rs[1]["ready"]["layout"] == "dp1-tp2-pp1"  # the layout asked, taken by the round after
+    assert rs[-1]["done"]["step"] == STEPS and ledger(out)["ok"]
+    losses = {s["step"]: s["loss"] for r in rs for s in r["steps"]}
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    assert max(abs(losses[k] - static[k]) for k in losses) <= TOLERANCE
+
+
 SCHEDULE = [
     {"step": 0, "devices": 2},
     {"step": 24, "devices": 4},
@@ -274,14 +321,16 @@ def test_a_schedule_played_on_agents(tmp_path) -> None:
     assert [r["ready"]["world"] for r in rs] == [2, 4, 2, 2, 4, 3, 2], [r["ready"] for r in rs]
     assert rs[4]["ready"]["layout"] == "dp1-tp2-pp2"
     assert rs[0]["start"]["kind"] == "fresh" and all(r["start"]["kind"] == "loaded" for r in rs[1:])
-    pids = [set(r["ready"]["pids"]) for r in rs]
-    assert pids[0] < pids[1]  # h0's workers kept through the join
+    # handed ahead: the planned changes' rounds where a host stayed (the join, the scale-out, the scale-in;
+    # the redeploy's hosts were all new), not the recoveries
+    assert [bool(r["ready"].get("ahead")) for r in rs] == [False, True, False, False, True, False, True]
     assert job.store_url("h1") in rs[2]["start"]["lost_stores"], rs[2]["start"]
     # the fresh hosts' agents never saw h1 lost, yet their rounds' loads count its store lost unasked
     formed = [r for r in _records(tmp_path / "h2") if r["kind"] == "round"]
     assert all(job.store_url("h1") in r["retired"] for r in formed), formed
     assert rs[2]["start"]["step"] >= 44  # the newest snapshot before the loss, from h1's replica on h0
-    assert pids[3] < pids[4] and not pids[4] & pids[1]  # the fresh hosts' own processes, kept
+    pids = [set(r["ready"]["pids"]) for r in rs]
+    assert not pids[4] & pids[1] and not pids[4] & pids[3]  # forked ahead on the fresh hosts
     assert rs[-1]["done"]["step"] == SCHEDULE_STEPS and ledger(out)["ok"]
     losses = {s["step"]: s["loss"] for r in rs for s in r["steps"]}
     worst = max(abs(losses[k] - static[k]) for k in losses)

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import RendezvousError
 
@@ -26,13 +27,14 @@ from ..store.process import StoreProcess
 from ..util import env, logs
 from . import rendezvous
 from .agent_store import host_store, ring
+from .agent_watch import Watch
 from .agentconfig import AgentConfig
 from .asked import admitted, asked_at, asked_devices, asked_layout, failed_devices, offer, stop_asked
 from .beacon import Beacon
 from .channel import put
 from .durable_tier import EveryNth
 from .membership import Membership
-from .record_types import Change, End, FoundLost, Left, RoundFormed, RoundLoaded, Standby
+from .record_types import Change, End, Left, RoundFormed, Standby
 from .records import Records
 from .rounds import AgentError, Round, StoreEntry, connect, has, job_key, known_stores, register_store
 from .workers import Workers
@@ -44,10 +46,13 @@ PARK_TIMEOUT_S = 120.0  # a worker that neither parks nor dies this long after a
 # then may wait forever (gloo cannot abort one); the others park within their commit grace (worker.py)
 BROKEN_PARK_S = 1.0  # (a replacement is a fork of the host's zygote: a fraction of a second)
 RDZV_LEAD_S = 0.5  # a planned change's next round forms this long before the workers reach its step
+AHEAD_LEAD_S = 3.0  # the same where it is handed ahead: its workers build and rehearse meanwhile
+ASK_SETTLE_S = 0.3  # ... once the change was asked this long ago (the asks of one event come together)
+AHEAD_MIN_S = 1.0  # ... and only this long or more before the step (else the kept workers are quicker)
 LINGER_S = 120.0  # a leaving agent keeps its store this long at most, until the next round has loaded
 
 
-class Agent:
+class Agent(Watch):
     workers: Workers  # made in `run`
 
     def __init__(self, cfg: AgentConfig) -> None:
@@ -69,12 +74,16 @@ class Agent:
         self.silent_s = 3.0  # a member silent this long is lost (torch's heartbeat expiry, set in run)
         self.tier: EveryNth | None = None  # node 0's persists (--persist-every), once the job is known
         self.told: tuple[int, int | None] | None = None  # the round its workers were told to stop, and at
+        self.told_at = 0.0  # when (monotonic)
+        self.ahead = False  # whether a planned change's round is handed to workers forked ahead (in run)
         self.failures = -1  # devices said failed here, as counted when it joined (earlier ones are not its)
 
     # -- the rendezvous ---------------------------------------------------------------------------
 
-    def _rendezvous(self) -> tuple[Round, list[str]]:
-        """Join the next round; every agent's store entry and slots; the round's group master."""
+    def _rendezvous(self, ahead: bool = False) -> tuple[Round, list[str]]:
+        """Join the next round; every agent's store entry and slots; the round's group master. `ahead`:
+        this agent would hand the round ahead (`_hand_ahead`); the round is then handed ahead on every
+        host (its ranks build, and rehearse, before they load), as one member says so."""
         t = time.time()
         expected = self.members.expected(self.base, self.handler.num_nodes_waiting())
         with rendezvous.expecting(self.handler, expected):
@@ -88,7 +97,8 @@ class Agent:
         self.base.delete_key(job_key(run_id, "left", self.entry.url))  # back on its port: a member again
         devices = self._wanted()
         self.workers.grow(devices)
-        put(rs, f"tenplex/node/{node}", json.dumps({"store": self.entry.to_json(), "nproc": len(devices)}))
+        said = {"store": self.entry.to_json(), "nproc": len(devices), "ahead": ahead}
+        put(rs, f"tenplex/node/{node}", json.dumps(said))
         if node == 0:  # one layout for the whole round: what was asked when it formed
             put(rs, "tenplex/layout", asked_layout(self.base, run_id))
             put(rs, "tenplex/round", str(self.base.add(job_key(run_id, "rounds"), 1)))
@@ -104,8 +114,9 @@ class Agent:
         gone = sorted(self.members.gone)
         master, layout = f"{boot.master_addr}:{boot.master_port}", rs.get("tenplex/layout").decode()
         retired = self.members.retired(self.base, sources, stores)
+        ahead = any(m["ahead"] for m in members)
         rnd = Round(number, node, nodes, sum(sizes[:node]), sum(sizes), master, self.entry.url, stores,
-                    sources, gone, persist, layout, devices, retired)  # fmt: skip
+                    sources, gone, persist, layout, devices, retired, ahead)  # fmt: skip
         ring(self.entry.url, stores, min(self.cfg.replicas, nodes - 1))
         hosts = [e.host for e in entries]
         self.records.write(RoundFormed(number, node, nodes, rnd.world, stores, hosts, gone, devices,
@@ -119,7 +130,7 @@ class Agent:
         assert self.base is not None
         at = None if self.broken else at
         if self.told != (rnd.number, at):
-            self.told = (rnd.number, at)
+            self.told, self.told_at = (rnd.number, at), time.monotonic()
             self.workers.stop(rnd, why, bool(self.broken), at)
         if peers and not has(self.base, job_key(self.cfg.run_id, "change", rnd.number)):
             put(self.base, job_key(self.cfg.run_id, "change", rnd.number), why)
@@ -190,7 +201,12 @@ class Agent:
         if at is None or ended:
             return kind
         stays = kind != "leave" or any(not has(self.base, job_key(run_id, "left", u)) for u in rnd.stores)
-        return kind if stays and self.workers.left_s(rnd) <= RDZV_LEAD_S else None
+        lead = (
+            RDZV_LEAD_S  # (a stop ends the job; a leaver leaves the rendezvous as early as the others form)
+        )
+        if self.ahead and kind != "stop" and time.monotonic() - self.told_at >= ASK_SETTLE_S:
+            lead = AHEAD_LEAD_S
+        return kind if stays and self.workers.left_s(rnd) <= lead else None
 
     def _asked(self, rnd: Round) -> str | None:
         """What `tenplex devices` or `tenplex layout` asked that this round does not have, if anything;
@@ -214,54 +230,6 @@ class Agent:
         assert self.base is not None
         return asked_devices(self.base, self.cfg.run_id, self.entry.url) or list(range(self.cfg.nproc))
 
-    def _mark_refused(self, rnd: Round) -> None:
-        """A worker's collective broke: the members whose store refuses connections (no process listens
-        on its port: the host's processes are gone) are marked lost in this round, so the next one forms
-        without waiting for them (torch's last call, or their heartbeats to lapse). A member merely slow
-        or cut off is left to the heartbeats: if it lives, it joins the round after."""
-        assert self.base is not None
-        gone = self.members.refused(rnd.stores)
-        for i in gone:
-            put(self.base, job_key(self.cfg.run_id, "lost", rnd.number, rnd.stores[i]), "1")
-            self.records.write(FoundLost(rnd.number, rnd.stores[i]))
-        if gone:
-            rendezvous.drop(self.handler, set(gone))
-
-    def _mark_loaded(self, rnd: Round) -> None:
-        """Node 0, once the round's ranks loaded: a host that left before it may stop its store now."""
-        if rnd.node_rank == 0 and self.marked < rnd.number and self.workers.ready(rnd):
-            self.marked = rnd.number
-            put(self.base, job_key(self.cfg.run_id, "loaded"), str(rnd.number))
-            self.records.write(RoundLoaded(rnd.number))
-
-    def _beat(self, rnd: Round) -> str | None:
-        """Once a second: the round's loaded mark (node 0); the first member whose agent's beacon said
-        nothing for as long as torch's rendezvous takes to drop a node (a host cut off: its workers'
-        peers would wait on it in a collective, where no error comes)."""
-        assert self.base is not None
-        self._mark_loaded(rnd)
-        if rnd.node_rank == 0 and self.cfg.persist_every:
-            self._persist(rnd)
-        now = time.monotonic()
-        for url in rnd.stores:
-            if url == self.entry.url:
-                continue
-            said = self.base.get(job_key(self.cfg.run_id, "agent", url))
-            before = self.heard.get(url)
-            if before is None or before[0] != said:
-                self.heard[url] = (said, now)
-            elif now - before[1] > self.silent_s:
-                return url
-        return None
-
-    def _persist(self, rnd: Round) -> None:
-        """Node 0, once a second: the durable tier takes every Nth snapshot (`--persist-every`)."""
-        job = self.workers.job(rnd)
-        if job is not None and self.cfg.persist_dir is not None:
-            if self.tier is None:
-                self.tier = EveryNth(Path(self.cfg.persist_dir), self.cfg.persist_every, self.records)
-            self.tier.look(job, self.entry.url)
-
     def _park(self, rnd: Round) -> list[int]:
         """Every worker out of the round; after a round broke, those stuck in a collective wait only
         briefly, counted from the break (the next round's rendezvous ran meanwhile), before they are
@@ -269,22 +237,6 @@ class Agent:
         timeout = max(0.3, self.broken + BROKEN_PARK_S - time.monotonic()) if self.broken else PARK_TIMEOUT_S
         self.broken = 0.0  # (a round that breaks while its planned end is awaited: BROKEN_PARK_S from then)
         return self.workers.park(rnd, timeout, BROKEN_PARK_S)
-
-    def _status(self, rnd: Round) -> None:
-        self.status = {
-            "host": self.cfg.advertise,
-            "store": self.entry.url,
-            "round": rnd.number,
-            "node": rnd.node_rank,
-            "nodes": rnd.nodes,
-            "world": rnd.world,
-            "workers": self.workers.pids(rnd),
-            "devices": rnd.devices,
-        }
-        if self.beacon is None:
-            assert self.base is not None
-            key = job_key(self.cfg.run_id, "agent", self.entry.url)
-            self.beacon = Beacon(self.base, key, lambda: self.status)
 
     # -- the agent's life -------------------------------------------------------------------------
 
@@ -295,6 +247,8 @@ class Agent:
         self.workers = Workers(self.cfg.target, self.cfg.nproc, self.cfg.run_id, self.run_dir, self.records)
         self.workers.warm()
         cfg = self.cfg
+        # on accelerators the next round's workers would need the device's memory the old ones still hold
+        self.ahead = cfg.ahead and not torch.cuda.is_available()
         settings = rendezvous.Settings(
             cfg.backend, cfg.endpoint, cfg.run_id, cfg.min_nodes, cfg.max_nodes, cfg.advertise, cfg.rdzv_conf
         )
@@ -325,8 +279,10 @@ class Agent:
 
     def _rounds(self) -> int:
         rnd, members = self._rendezvous()
+        handed = False  # whether `rnd` went to workers handed it ahead
         while True:
-            self.workers.hand(rnd)
+            if not handed:
+                self.workers.hand(rnd)
             self._status(rnd)
             why = self._supervise(rnd)
             if why == "leave":  # out of the rendezvous at once: the others' next round need not wait for us
@@ -340,8 +296,14 @@ class Agent:
                     self.handler.shutdown()
                 self.records.write(End(why, rnd.number))
                 return 0
-            new, new_members = self._rendezvous()  # while the workers save: a round forms meanwhile
+            # while the workers save, a round forms meanwhile
+            new, new_members = self._rendezvous(ahead=self._ahead_pays(rnd))
+            handed = self._hand_ahead(rnd, new)
             failed = self._park(rnd)
+            if handed and not self.workers.take_ahead(new, bool(failed)):
+                handed = False  # its ranks, on other hosts too, may have formed its group: a round after it
+                self._request_change(new, f"round {rnd.number} failed before its final save")
+                new, new_members = self._rendezvous()
             lost = [m for m in members if m not in new_members]
             if failed and not lost:
                 self.restarts += 1
@@ -356,6 +318,21 @@ class Agent:
                     )
                     return 1
             rnd, members = new, new_members
+
+    def _ahead_pays(self, rnd: Round) -> bool:
+        """Whether this agent would hand the next round ahead: on CPUs, for a planned change whose step is
+        far enough ahead that the next round's workers build (and rehearse) before the old ones reach it."""
+        at = self.told[1] if self.told is not None else None
+        return self.ahead and not self.broken and at is not None and self.workers.left_s(rnd) >= AHEAD_MIN_S
+
+    def _hand_ahead(self, rnd: Round, new: Round) -> bool:
+        """A planned change's round to workers forked now, while `rnd`'s train their last steps and save:
+        its group forms and its model builds meanwhile, and only the load is left once `rnd` saved (on
+        CPUs: `run`). Whether it was handed so."""
+        if not (new.ahead and self.ahead) or self.broken:  # else `hand` hands it once `rnd` ended
+            return False
+        self.workers.hand_ahead(new, rnd)
+        return True
 
     def _leave(self, rnd: Round) -> int:
         """A planned leave: the workers saved; they end, this node leaves the rendezvous, and the store

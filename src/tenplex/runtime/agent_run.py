@@ -65,7 +65,7 @@ class AgentRun:
 
     def _agent_flags(self) -> list[str]:
         cfg = self.cfg
-        flags = ["--store-memory", str(cfg.store_memory or "1GiB")]
+        flags = ["--store-memory", str(cfg.store_memory or "1GiB"), *([] if cfg.ahead else ["--no-ahead"])]
         return flags + (["--replicas", str(cfg.replicas)] if cfg.replicas else [])  # else the agents' ring
 
     def run(self) -> dict[str, Any]:

@@ -87,6 +87,13 @@ class AgentConfig:
         "a warm spare: start the store and warm the workers, then wait to join the job until `tenplex "
         "admit` names this host's store",
     )
+    ahead: bool = flag(
+        True,
+        "hand a planned change's round to its workers only once the old round saved (default on CPUs: "
+        "to workers forked while it trains its last steps, which build and load at once when it saved)",
+        names=("--no-ahead",),
+        action="store_false",
+    )
     run_dir: str = flag("", "records and logs (default tenplex-agent-RDZV_ID)")
     keep_store: bool = flag(False, "leave the store running when the job ends")
     min_nodes: int = field(init=False)  # from nnodes

@@ -167,8 +167,9 @@ class ElasticJob:
 
     @property
     def ahead(self) -> bool:
-        """Whether this phase was started ahead, while the one before it still trained."""
-        return bool(self.spec and self.spec.ahead)
+        """Whether this phase was started ahead, while the one before it still trained (by `tenplex run`,
+        or handed ahead by an agent)."""
+        return bool(self.spec and self.spec.ahead) or rounds.ahead()
 
     def wait_turn(self) -> bool:
         """A phase started ahead waits here (built, nothing loaded) until the one before it committed its
@@ -380,9 +381,11 @@ class ElasticJob:
         dist.barrier()
 
     def _hand_over(self) -> None:
-        """Rank 0, the final save committed: the phase started ahead after this one (if the controller
-        named one) may go now, without waiting for the controller to read the `done` record."""
-        if self.rank == 0 and self.channel is not None and self.spec is not None and self.spec.control:
+        """The final save committed: the phase started ahead after this one (if the runtime named one)
+        may go now, not once this process has torn its round down. Under `tenplex run` rank 0 says so
+        (one controller); under agents every rank, each to its own host's agent."""
+        controlled = self.rank == 0 and self.spec is not None and self.spec.control
+        if self.channel is not None and (controlled or rounds.worker_agent() is not None):
             self.channel.hand_over()
 
 

@@ -111,7 +111,9 @@ def round_parts(
     stop and save (the old round's final save; none after a failure), rendezvous (from that save, or the
     last step, until the new round formed: torch's rendezvous and, after a loss, its detection), start
     (the agent parking and handing the round, the script's start-up), then process_group, build, load and
-    first_step (its time beyond a step's, `step`) as `tenplex run`'s `runtime/downtime.py` has them."""
+    first_step (its time beyond a step's, `step`) as `tenplex run`'s `runtime/downtime.py` has them. A
+    round handed ahead (built while the old one trained) starts at its turn: what it still built after
+    is build."""
     since = a["steps"][-1]["time"]
     stop, save, saved_at = saved_parts(a["saved"], since)
     ready = b["ready"]
@@ -125,6 +127,11 @@ def round_parts(
         **built_parts(ready, ready.get("load_seconds", 0.0)),
         "first_step": b["steps"][0]["time"] - ready["time"] - step,
     }
+    if ready.get("ahead"):  # built while the old round trained: the restart began at the turn
+        go_at = max(ready["go_at"], formed_at, saved_at)
+        load = ready.get("load_seconds", 0.0)
+        parts.update(start=go_at - max(formed_at, saved_at), process_group=0.0,
+                     build=max(0.0, ready["time"] - go_at - load))  # fmt: skip
     parts["other"] = gap - sum(parts.values())
     assert tuple(parts) == PARTS
     return parts

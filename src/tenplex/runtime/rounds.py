@@ -32,6 +32,7 @@ from .channel import put
 AGENT = "TENPLEX_AGENT"  # host:port of this host's agent store (set by the agent for its workers)
 INBOX = "TENPLEX_AGENT_INBOX"  # where this worker process's commands come (one per process started)
 ROUND = "TENPLEX_ROUND"  # the round this worker runs (set per round)
+AHEAD = "TENPLEX_AHEAD"  # "1": this round was handed ahead, while the one before still trains
 
 
 class AgentError(TenplexError):
@@ -72,6 +73,7 @@ class Round:
     layout: str = ""  # the layout the job asks for (`tenplex layout`), taken where the world fits it
     devices: list[int] = field(default_factory=list)  # this agent's devices, one worker each, in rank order
     retired: list[str] = field(default_factory=list)  # stores of hosts that left and stopped them since
+    ahead: bool = False  # handed ahead: its ranks build while the round before trains, load on their turn
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -161,6 +163,12 @@ def agent_store() -> dist.TCPStore | None:
     if not _agent:
         _agent.append(connect(placed[0]))
     return _agent[0]
+
+
+def ahead() -> bool:
+    """Whether this worker's round was handed ahead: built while the round before it trains, it loads
+    only once its agent gives the turn (`turn/R`, as under `tenplex run`)."""
+    return os.environ.get(AHEAD) == "1" and worker_agent() is not None
 
 
 def mark_ready(job: str) -> None:

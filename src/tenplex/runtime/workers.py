@@ -59,6 +59,7 @@ class Workers:
         )
         self.spawned = 0
         self.slots: dict[int, Process] = {d: self._spawn() for d in range(nproc)}
+        self.ahead: dict[int, Process] = {}  # the next round's workers, handed it while this one trains
 
     def pids(self, rnd: Round) -> list[int]:
         return [self.slots[d].proc.pid for d in rnd.devices]
@@ -110,14 +111,46 @@ class Workers:
         if not all(self._warm(self.slots[d]) for d in devices):
             self.warm()
         for i, d in enumerate(devices):
-            cmd = {
-                "kind": "round",
-                "slot": d,
-                "position": i,
-                "round": rnd.to_json(),
-                "local_world": len(devices),
-            }
-            self._send(self.slots[d], cmd)
+            self._send(self.slots[d], self._round(rnd, i, d, rnd.ahead))
+        if rnd.ahead:  # handed ahead elsewhere: here nothing is left to wait for (a host new to the job)
+            self.channel.go(rnd.number)
+
+    @staticmethod
+    def _round(rnd: Round, position: int, device: int, ahead: bool = False) -> dict[str, Any]:
+        return {"kind": "round", "slot": device, "position": position, "round": rnd.to_json(),
+                "local_world": len(rnd.devices), "ahead": ahead}  # fmt: skip
+
+    def hand_ahead(self, rnd: Round, before: Round) -> None:
+        """Round `rnd` to other workers while `before`'s still train: a fork for each device whose worker is
+        busy (an idle one, of a device added, takes it as it is). They form the round's group and build
+        (the reference workload rehearses a step); they load once `before`'s final save committed, when
+        its ranks give the turn (`next/N`: each rank to its own host's agent)."""
+        put(self.store, f"next/{before.number}", str(rnd.number))
+        idle = [d for d in rnd.devices if d in self.slots and d not in before.devices]
+        self.ahead = {d: self.slots.pop(d) if d in idle else self._spawn() for d in rnd.devices}
+        for i, d in enumerate(rnd.devices):
+            self._send(self.ahead[d], self._round(rnd, i, d, ahead=True))
+
+    def take_ahead(self, rnd: Round, failed: bool) -> bool:
+        """Once the round before `rnd` ended: the workers handed `rnd` ahead take their devices' slots, and
+        the round's turn is given (if no rank of this host gave it yet); the old workers end. Unless that
+        round `failed` before its ranks gave the turn (no final save committed on their word): then `rnd`
+        is cancelled, its workers are killed, and False says so."""
+        ahead, self.ahead = self.ahead, {}
+        if failed and self.channel.cancel(rnd.number):
+            self._kill(*ahead.values())
+            return False
+        self.channel.go(rnd.number)
+        old, self.slots = list(self.slots.values()), ahead
+        self._end(*old)
+        return True
+
+    @staticmethod
+    def _kill(*ws: Process) -> None:
+        for w in ws:
+            if w.proc.poll() is None:
+                w.proc.kill()
+            w.proc.wait()
 
     def stop(self, rnd: Round, why: str, broken: bool = False, at: int | None = None) -> None:
         """The round stops at its next step boundary, or after step `at` (each worker's
@@ -208,5 +241,6 @@ class Workers:
                 w.proc.wait()
 
     def close(self) -> None:
+        self._kill(*self.ahead.values())  # handed a round that never went: nothing of theirs is needed
         self._end(*self.slots.values())
         self.pool.close()

@@ -26,6 +26,7 @@ from torch.distributed.elastic.rendezvous import RendezvousError
 from ..store.process import StoreProcess
 from ..util import env, logs
 from . import rendezvous
+from .agent_hand import PARK_TIMEOUT_S, Handing
 from .agent_store import host_store, ring
 from .agent_watch import Watch
 from .agentconfig import AgentConfig
@@ -36,23 +37,32 @@ from .durable_tier import EveryNth
 from .membership import Membership
 from .record_types import Change, End, Left, RoundFormed, Standby
 from .records import Records
-from .rounds import AgentError, Round, StoreEntry, connect, has, job_key, known_stores, register_store
+from .rounds import (
+    AgentError,
+    Round,
+    StoreEntry,
+    connect,
+    get_json,
+    has,
+    job_key,
+    known_stores,
+    register_store,
+)
 from .workers import Workers
 
 log = logs.get("agent")
 
-PARK_TIMEOUT_S = 120.0  # a worker that neither parks nor dies this long after a change is killed, restarted
-# the same after a round broke (a worker failed, a host was lost or cut off): a worker still in a collective
-# then may wait forever (gloo cannot abort one); the others park within their commit grace (worker.py)
-BROKEN_PARK_S = 1.0  # (a replacement is a fork of the host's zygote: a fraction of a second)
+# after a round broke (a worker failed, a host was lost or cut off), the wait for its workers to park: one
+# still in a collective then may wait forever (gloo cannot abort one); the others park within their commit
+# grace (worker.py)
+BROKEN_PARK_S = 0.5  # (a replacement is a fork of the host's zygote: a fraction of a second)
 RDZV_LEAD_S = 0.5  # a planned change's next round forms this long before the workers reach its step
 AHEAD_LEAD_S = 3.0  # the same where it is handed ahead: its workers build and rehearse meanwhile
 ASK_SETTLE_S = 0.3  # ... once the change was asked this long ago (the asks of one event come together)
-AHEAD_MIN_S = 1.0  # ... and only this long or more before the step (else the kept workers are quicker)
 LINGER_S = 120.0  # a leaving agent keeps its store this long at most, until the next round has loaded
 
 
-class Agent(Watch):
+class Agent(Watch, Handing):
     workers: Workers  # made in `run`
 
     def __init__(self, cfg: AgentConfig) -> None:
@@ -97,6 +107,8 @@ class Agent(Watch):
         self.base.delete_key(job_key(run_id, "left", self.entry.url))  # back on its port: a member again
         devices = self._wanted()
         self.workers.grow(devices)
+        first = not self.members.last_stores  # a host new to the job: ahead if a change is planned
+        ahead = ahead or (first and self.ahead and asked_at(self.base, run_id) is not None)
         said = {"store": self.entry.to_json(), "nproc": len(devices), "ahead": ahead}
         put(rs, f"tenplex/node/{node}", json.dumps(said))
         if node == 0:  # one layout for the whole round: what was asked when it formed
@@ -105,6 +117,12 @@ class Agent(Watch):
         members = [json.loads(rs.get(f"tenplex/node/{i}")) for i in range(nodes)]
         number = int(rs.get("tenplex/round"))
         entries = [StoreEntry.from_json(m["store"]) for m in members]
+        if node == 0:  # whom a round of new hosts only waits for (`_hand`)
+            put(self.base, job_key(run_id, "members", number), json.dumps([e.url for e in entries]))
+        before = get_json(self.base, job_key(run_id, "members", number - 1)) if number > 1 else []
+        stay = [m for m, e in zip(members, entries, strict=True) if e.url in before]
+        # where hosts stay, theirs say whether the round is handed ahead (they know how long it has)
+        ahead = any(m["ahead"] for m in stay or members)
         sizes = [int(m["nproc"]) for m in members]
         boot = info.bootstrap_store_info
         stores = [e.url for e in entries]
@@ -114,9 +132,9 @@ class Agent(Watch):
         gone = sorted(self.members.gone)
         master, layout = f"{boot.master_addr}:{boot.master_port}", rs.get("tenplex/layout").decode()
         retired = self.members.retired(self.base, sources, stores)
-        ahead = any(m["ahead"] for m in members)
         rnd = Round(number, node, nodes, sum(sizes[:node]), sum(sizes), master, self.entry.url, stores,
-                    sources, gone, persist, layout, devices, retired, ahead)  # fmt: skip
+                    sources, gone, persist, layout, devices, retired, ahead,
+                    [] if stay else before)  # fmt: skip
         ring(self.entry.url, stores, min(self.cfg.replicas, nodes - 1))
         hosts = [e.host for e in entries]
         self.records.write(RoundFormed(number, node, nodes, rnd.world, stores, hosts, gone, devices,
@@ -189,24 +207,20 @@ class Agent(Watch):
     def _planned(self, rnd: Round, kind: str, why: str, ended: dict[int, Any]) -> str | None:
         """A planned end of the round (`kind`): at the step the job asked for (`--at-step`), else at the
         next step boundary. The workers are told now; the round ends once they stopped there (until then
-        it trains on, and the added devices' workers warm meanwhile). A host that stays ends it a
-        rendezvous' time before: the next round forms while the last steps train and save, and is handed
-        to the workers once they parked, so its group forms, and its ranks choose a snapshot, only after
-        that save. A leaving host does so only while a host of the round stays: were every one to leave
-        early, nothing would hold the next round's hosts back from an older snapshot."""
+        it trains on, and the added devices' workers warm meanwhile). The agents end it a rendezvous' time
+        before (`AHEAD_LEAD_S` where the next round is handed ahead, once the asks of the change are all
+        in): the next round forms while the last steps train and save, and loads only after that save
+        (handed to the kept workers once they parked, or to workers built ahead on their turn; a round
+        of new hosts only, a redeploy, once the old ones closed their round: `_hand`)."""
         assert self.base is not None
-        run_id = self.cfg.run_id
-        at = asked_at(self.base, run_id)
+        at = asked_at(self.base, self.cfg.run_id)
         self._request_change(rnd, why, at, peers=kind != "stop")
         if at is None or ended:
             return kind
-        stays = kind != "leave" or any(not has(self.base, job_key(run_id, "left", u)) for u in rnd.stores)
-        lead = (
-            RDZV_LEAD_S  # (a stop ends the job; a leaver leaves the rendezvous as early as the others form)
-        )
+        lead = RDZV_LEAD_S  # (a stop ends the job)
         if self.ahead and kind != "stop" and time.monotonic() - self.told_at >= ASK_SETTLE_S:
             lead = AHEAD_LEAD_S
-        return kind if stays and self.workers.left_s(rnd) <= lead else None
+        return kind if self.workers.left_s(rnd) <= lead else None
 
     def _asked(self, rnd: Round) -> str | None:
         """What `tenplex devices` or `tenplex layout` asked that this round does not have, if anything;
@@ -282,12 +296,13 @@ class Agent(Watch):
         handed = False  # whether `rnd` went to workers handed it ahead
         while True:
             if not handed:
-                self.workers.hand(rnd)
+                self._hand(rnd)
             self._status(rnd)
             why = self._supervise(rnd)
             if why == "leave":  # out of the rendezvous at once: the others' next round need not wait for us
                 rendezvous.leave(self.handler)
-                self._park(rnd)
+                self._park(rnd)  # saved (or failed: nothing more comes from here either way)
+                put(self.base, job_key(self.cfg.run_id, "closed", rnd.number, self.entry.url), "1")
                 return self._leave(rnd)
             if why in ("done", "stop"):
                 self._park(rnd)
@@ -318,21 +333,6 @@ class Agent(Watch):
                     )
                     return 1
             rnd, members = new, new_members
-
-    def _ahead_pays(self, rnd: Round) -> bool:
-        """Whether this agent would hand the next round ahead: on CPUs, for a planned change whose step is
-        far enough ahead that the next round's workers build (and rehearse) before the old ones reach it."""
-        at = self.told[1] if self.told is not None else None
-        return self.ahead and not self.broken and at is not None and self.workers.left_s(rnd) >= AHEAD_MIN_S
-
-    def _hand_ahead(self, rnd: Round, new: Round) -> bool:
-        """A planned change's round to workers forked now, while `rnd`'s train their last steps and save:
-        its group forms and its model builds meanwhile, and only the load is left once `rnd` saved (on
-        CPUs: `run`). Whether it was handed so."""
-        if not (new.ahead and self.ahead) or self.broken:  # else `hand` hands it once `rnd` ended
-            return False
-        self.workers.hand_ahead(new, rnd)
-        return True
 
     def _leave(self, rnd: Round) -> int:
         """A planned leave: the workers saved; they end, this node leaves the rendezvous, and the store

@@ -116,6 +116,15 @@ class ScheduleDriver:
         for host in sorted(self.spares):
             self.job.leave(host, timeout)
         self.spares.clear()
+        self._reap(timeout)
+
+    def _reap(self, timeout: float, host: str | None = None) -> None:
+        """The agents told to leave (or `host`'s, before an agent starts there again) waited for: one that
+        failed is an error, with its log. The schedule goes on meanwhile: a leaver keeps its store until
+        the next round loaded, and ends after that."""
+        names = list(self.job.leaving) if host is None else [h for h in [host] if h in self.job.leaving]
+        for name in names:
+            self.job.ended(name, timeout)
 
     def _play(self, e: Event, timeout: float) -> None:
         if e.time is not None:
@@ -164,7 +173,8 @@ class ScheduleDriver:
                     first.setdefault(host, len(devices))
             alloc = after
         for host, nproc in first.items():
-            if host not in self.job.agents and host not in self.job.leaving and host not in self.spares:
+            if host not in self.job.agents and host not in self.spares:
+                self._reap(300.0, host)  # a host that left and comes back: its old agent ended first
                 self.job.start(host, nproc=nproc, standby=True)
                 self.spares.add(host)
 
@@ -192,14 +202,13 @@ class ScheduleDriver:
             landed = self._landed(lambda r: r["start"]["time"] > asked, len(new), e, timeout)
         else:
             landed = self._landed(lambda r: r["start"]["step"] >= at, len(new), e, timeout)
-        for host in leaving:
-            self.job.ended(host, timeout)
-        self.log.append({"event": e.describe(), "step": at, "landed": landed})
+        self.log.append({"event": e.describe(), "step": at, "landed": landed})  # the leavers end meanwhile
 
     def _join(self, host: str, devices: list[int], at: int | None, timeout: float) -> None:
         """`host` joins at step `at`: its warm spare let in (with its devices asked first where the
         allocation gives it other ones than it warmed), else a new agent."""
         if host not in self.spares:
+            self._reap(timeout, host)
             self.job.start(host, nproc=len(devices))
             return
         self.spares.discard(host)

@@ -74,6 +74,7 @@ class Round:
     devices: list[int] = field(default_factory=list)  # this agent's devices, one worker each, in rank order
     retired: list[str] = field(default_factory=list)  # stores of hosts that left and stopped them since
     ahead: bool = False  # handed ahead: its ranks build while the round before trains, load on their turn
+    after: list[str] = field(default_factory=list)  # no host stays: the stores of the round before (closed)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -102,7 +102,7 @@ class Workers:
         put(self.store, f"cmd/{w.inbox}/{w.sent}", json.dumps(cmd))
         w.sent += 1
 
-    def hand(self, rnd: Round) -> None:
+    def hand(self, rnd: Round, go: bool = True) -> None:
         """Round `rnd` to the workers of its devices, in that order; the workers of devices no longer there
         end (a removed device may be a broken one: nothing of it is kept)."""
         devices = rnd.devices
@@ -112,7 +112,9 @@ class Workers:
             self.warm()
         for i, d in enumerate(devices):
             self._send(self.slots[d], self._round(rnd, i, d, rnd.ahead))
-        if rnd.ahead:  # handed ahead elsewhere: here nothing is left to wait for (a host new to the job)
+        if (
+            rnd.ahead and go
+        ):  # handed ahead elsewhere: here nothing is left to wait for (a host new to the job)
             self.channel.go(rnd.number)
 
     @staticmethod
@@ -207,26 +209,28 @@ class Workers:
             if broken is not None and looks % 10 == 0 and (broke or self.broke(rnd)):
                 deadline, broken = min(deadline, time.monotonic() + broken), None
             time.sleep(0.01)
-        failed = []
-        for slot in rnd.devices:
-            w, e = self.slots[slot], ended.get(slot, {"outcome": "hung"})
-            if e["outcome"] in ("dead", "hung"):
-                self._replace(slot)
-            if e["outcome"] not in ("done", "stopped"):
-                failed.append(slot)
-                why = WorkerFailed(rnd.number, slot, str(self.log(w)), e["outcome"], e.get("error", ""))
-                self.records.write(why, **{k: v for k, v in e.items() if k not in ("outcome", "error")})
+        outcomes = {d: ended.get(d, {"outcome": "hung"}) for d in rnd.devices}
+        failed = [d for d, e in outcomes.items() if e["outcome"] not in ("done", "stopped")]
+        for slot in failed:
+            e = outcomes[slot]
+            why = WorkerFailed(
+                rnd.number, slot, str(self.log(self.slots[slot])), e["outcome"], e.get("error", "")
+            )
+            self.records.write(why, **{k: v for k, v in e.items() if k not in ("outcome", "error")})
+        self._replace([d for d in failed if outcomes[d]["outcome"] in ("dead", "hung")])
         return failed
 
-    def _replace(self, slot: int) -> None:
-        """The slot's process ends (its stack into its log first, when it hangs); a new fork takes it."""
-        w = self.slots[slot]
-        if w.proc.poll() is None:
-            w.proc.send_signal(signal.SIGUSR1)  # where it hangs, into its log (faulthandler)
-            time.sleep(0.2)
-            w.proc.kill()
-            w.proc.wait()
-        self.slots[slot] = self._spawn()
+    def _replace(self, slots: list[int]) -> None:
+        """The slots' processes end (the stacks of those that hang into their logs first, all at once); a
+        new fork takes each slot. The round's record keeps the old process's log (`WorkerFailed`)."""
+        hung = [self.slots[d].proc for d in slots if self.slots[d].proc.poll() is None]
+        for p in hung:
+            p.send_signal(signal.SIGUSR1)  # where it hangs, into its log (faulthandler)
+        if hung:
+            time.sleep(0.1)
+        self._kill(*(self.slots[d] for d in slots))
+        for d in slots:
+            self.slots[d] = self._spawn()
 
     def _end(self, *ws: Process) -> None:
         """The workers told to exit, all at once, then waited for (killed after 10 s)."""

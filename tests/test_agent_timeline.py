@@ -10,6 +10,7 @@ from pathlib import Path
 from tenplex.runtime.agent_timeline import placements, write_timeline
 from tenplex.runtime.record_types import Start
 from tenplex.runtime.report import summary
+from tenplex.runtime.round_records import round_parts
 
 
 def _write(path: Path, recs: list[dict]) -> None:
@@ -94,3 +95,18 @@ def test_an_agent_runs_rendezvous_takes_the_most_hosts_the_schedule_has_at_once(
     assert (
         most([{"step": 0, "devices": 2}, {"step": 5, "devices": 6}, {"step": 9, "fail_hosts": ["h1"]}]) == 3
     )
+
+
+def test_a_round_handed_ahead_starts_at_its_turn() -> None:
+    """A round handed ahead formed (8.0) and built (init 8.1) while the old one trained; the old round's
+    last step ended at 10.0 and its final save at 10.1; the turn came at 10.15 and the ranks were ready at
+    10.3 after a 0.1 s load: the downtime is the save, the wait for the turn, what was left to build, the
+    load and the first step's excess; nothing of the build before the turn counts."""
+    old = {"steps": [{"time": 9.9}, {"time": 10.0}], "saved": {"time": 10.1, "seconds": 0.08}}
+    ready = {"time": 10.3, "init_at": 8.1, "process_group_seconds": 0.4, "load_seconds": 0.1,
+             "ahead": True, "go_at": 10.15}  # fmt: skip
+    new = {"ready": ready, "steps": [{"time": 10.5}, {"time": 10.6}]}
+    parts = round_parts(old, new, formed=8.0, step=0.1, gap=0.4)
+    want = {"stop": 0.02, "save": 0.08, "rendezvous": 0.0, "start": 0.05, "process_group": 0.0,
+            "build": 0.05, "load": 0.1, "first_step": 0.1, "other": 0.0}  # fmt: skip
+    assert parts.keys() == want.keys() and all(abs(parts[k] - v) < 1e-9 for k, v in want.items()), parts

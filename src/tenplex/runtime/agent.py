@@ -6,9 +6,11 @@ once (`runtime/worker.py`), and per rendezvous round tells each its rank, world 
 TCPStore on loopback. A change is noticed by any agent (a node waiting to join, an agent leaving, a worker
 whose collective broke because a host was lost, `tenplex stop`) and published in the rendezvous store;
 every worker stops at its next step boundary (its `ElasticJob.running` asks its agent), saves, destroys
-its group and waits in process while the agents form the next round. The round's stores come from the
-rendezvous, each agent's store replicates to the next agent's (a ring), so a lost host's newest snapshot
-has a copy elsewhere. Membership is torch's (`DynamicRendezvousHandler`, c10d or etcd), not tenplex's.
+its group and waits in process while the agents form the next round (a change planned at a step: its
+round is built ahead by other workers while the last steps train, `agent_hand.py`). The round's stores
+come from the rendezvous, each agent's store replicates to the next agent's (a ring), so a lost host's
+newest snapshot has a copy elsewhere. Membership is torch's (`DynamicRendezvousHandler`, c10d or etcd),
+not tenplex's.
 """
 
 from __future__ import annotations

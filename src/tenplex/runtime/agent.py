@@ -109,8 +109,7 @@ class Agent(Watch, Handing):
         self.base.delete_key(job_key(run_id, "left", self.entry.url))  # back on its port: a member again
         devices = self._wanted()
         self.workers.grow(devices)
-        first = not self.members.last_stores  # a host new to the job: ahead if a change is planned
-        ahead = ahead or (first and self.ahead and asked_at(self.base, run_id) is not None)
+        ahead = ahead or (self.ahead and not self.members.last_stores)  # a new host: if the round is new
         said = {"store": self.entry.to_json(), "nproc": len(devices), "ahead": ahead}
         put(rs, f"tenplex/node/{node}", json.dumps(said))
         if node == 0:  # one layout for the whole round: what was asked when it formed
@@ -121,10 +120,13 @@ class Agent(Watch, Handing):
         entries = [StoreEntry.from_json(m["store"]) for m in members]
         if node == 0:  # whom a round of new hosts only waits for (`_hand`)
             put(self.base, job_key(run_id, "members", number), json.dumps([e.url for e in entries]))
-        before = get_json(self.base, job_key(run_id, "members", number - 1)) if number > 1 else []
+        key = job_key(run_id, "members", number - 1)
+        before = get_json(self.base, key) if has(self.base, key) else []
         stay = [m for m, e in zip(members, entries, strict=True) if e.url in before]
-        # where hosts stay, theirs say whether the round is handed ahead (they know how long it has)
-        ahead = any(m["ahead"] for m in stay or members)
+        # where hosts stay, theirs say whether the round is handed ahead (they know how long it has); a
+        # round of new hosts only is, where every host before it left as planned (each saves, then closes)
+        left = bool(before) and all(has(self.base, job_key(run_id, "left", u)) for u in before)
+        ahead = any(m["ahead"] for m in stay) if stay else left and any(m["ahead"] for m in members)
         sizes = [int(m["nproc"]) for m in members]
         boot = info.bootstrap_store_info
         stores = [e.url for e in entries]

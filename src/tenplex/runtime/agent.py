@@ -15,6 +15,7 @@ not tenplex's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import time
@@ -75,6 +76,7 @@ class Agent(Watch, Handing):
         self.started: StoreProcess | None = None
         self.leaving = False
         self.left_said = False  # `left/URL` written (once: a leave waiting for its step looks again)
+        self.closing: str | None = None  # then `closed/N/URL`, to write once its workers are out (`_closed`)
         self.restarts = 0
         self.base: dist.Store | None = None
         self.heard: dict[str, tuple[Any, float]] = {}  # per member: what its agent last said, and when
@@ -123,10 +125,10 @@ class Agent(Watch, Handing):
         key = job_key(run_id, "members", number - 1)
         before = get_json(self.base, key) if has(self.base, key) else []
         stay = [m for m, e in zip(members, entries, strict=True) if e.url in before]
-        # where hosts stay, theirs say whether the round is handed ahead (they know how long it has); a
-        # round of new hosts only is, where every host before it left as planned (each saves, then closes)
+        # handed ahead where every host that stays says so (each knows how long its round has: one that
+        # broke or has no time says no), or, new hosts only, where every host before left as planned
         left = bool(before) and all(has(self.base, job_key(run_id, "left", u)) for u in before)
-        ahead = any(m["ahead"] for m in stay) if stay else left and any(m["ahead"] for m in members)
+        ahead = all(m["ahead"] for m in stay or members) and bool(stay or left)  # (a broken host says no)
         sizes = [int(m["nproc"]) for m in members]
         boot = info.bootstrap_store_info
         stores = [e.url for e in entries]
@@ -187,7 +189,7 @@ class Agent(Watch, Handing):
             return "done"
         if self.leaving:  # said before the change, so the others expect the next round without this node
             if not self.left_said:  # the round it left: once the next one loaded, its store stops
-                self.left_said = True
+                self.left_said, self.closing = True, job_key(run_id, "closed", rnd.number, self.entry.url)
                 put(self.base, job_key(run_id, "left", self.entry.url), str(rnd.number))
             return self._planned(rnd, "leave", "leave", ended)
         if stop_asked(self.base, run_id):
@@ -306,7 +308,7 @@ class Agent(Watch, Handing):
             if why == "leave":  # out of the rendezvous at once: the others' next round need not wait for us
                 rendezvous.leave(self.handler)
                 self._park(rnd)  # saved (or failed: nothing more comes from here either way)
-                put(self.base, job_key(self.cfg.run_id, "closed", rnd.number, self.entry.url), "1")
+                self._closed()
                 return self._leave(rnd)
             if why in ("done", "stop"):
                 self._park(rnd)
@@ -319,7 +321,7 @@ class Agent(Watch, Handing):
             new, new_members = self._rendezvous(ahead=self._ahead_pays(rnd))
             handed = self._hand_ahead(rnd, new)
             failed = self._park(rnd)
-            if handed and not self.workers.take_ahead(new, bool(failed)):
+            if handed and not self._take_ahead(new, bool(failed)):
                 handed = False  # its ranks, on other hosts too, may have formed its group: a round after it
                 self._request_change(new, f"round {rnd.number} failed before its final save")
                 new, new_members = self._rendezvous()
@@ -354,6 +356,14 @@ class Agent(Watch, Handing):
             time.sleep(0.1)
         return 0
 
+    def _closed(self) -> None:
+        """A leaver's round is closed: its workers are out (saved, failed, or this agent ends); a round of
+        new hosts only waits for it (`_hand`)."""
+        if self.closing is not None and self.base is not None:
+            with contextlib.suppress(RuntimeError):  # the rendezvous store is gone: nobody waits
+                put(self.base, self.closing, "1")
+            self.closing = None
+
     def _end(self) -> None:
         if self.beacon is not None:
             self.beacon.stop.set()
@@ -361,6 +371,7 @@ class Agent(Watch, Handing):
             self.tier.join()
         if hasattr(self, "workers"):
             self.workers.close()
+        self._closed()  # a leaver told twice to go, before its workers parked: they are out now
         if self.started is not None and not self.cfg.keep_store:
             self.started.stop()
 

@@ -20,8 +20,22 @@ from .durable_tier import EveryNth
 from .membership import Membership
 from .record_types import FoundLost, RoundLoaded
 from .records import Records
-from .rounds import Round, StoreEntry, job_key
+from .rounds import Round, StoreEntry, has, job_key
 from .workers import Workers
+
+Heard = dict[str, tuple[Any, float]]  # per store: what its agent's beacon last said, and since when
+
+
+def silent(base: dist.Store, run_id: str, url: str, heard: Heard, limit: float) -> bool:
+    """Whether the agent of the store at `url` said nothing new in its beacon for `limit` seconds, by what
+    `heard` holds from earlier looks (updated here)."""
+    key, now = job_key(run_id, "agent", url), time.monotonic()
+    said = base.get(key) if has(base, key) else None
+    before = heard.get(url)
+    if before is None or before[0] != said:
+        heard[url] = (said, now)
+        return False
+    return now - before[1] > limit
 
 
 class Watch:
@@ -34,7 +48,7 @@ class Watch:
     handler: Any
     workers: Workers
     records: Records
-    heard: dict[str, tuple[Any, float]]
+    heard: Heard
     silent_s: float
     marked: int
     tier: EveryNth | None
@@ -69,17 +83,10 @@ class Watch:
         self._mark_loaded(rnd)
         if rnd.node_rank == 0 and self.cfg.persist_every:
             self._persist(rnd)
-        now = time.monotonic()
-        for url in rnd.stores:
-            if url == self.entry.url:
-                continue
-            said = self.base.get(job_key(self.cfg.run_id, "agent", url))
-            before = self.heard.get(url)
-            if before is None or before[0] != said:
-                self.heard[url] = (said, now)
-            elif now - before[1] > self.silent_s:
-                return url
-        return None
+        others = [url for url in rnd.stores if url != self.entry.url]
+        return next(
+            (u for u in others if silent(self.base, self.cfg.run_id, u, self.heard, self.silent_s)), None
+        )
 
     def _persist(self, rnd: Round) -> None:
         """Node 0, once a second: the durable tier takes every Nth snapshot (`--persist-every`)."""

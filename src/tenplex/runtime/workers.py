@@ -133,13 +133,14 @@ class Workers:
         for i, d in enumerate(rnd.devices):
             self._send(self.ahead[d], self._round(rnd, i, d, ahead=True))
 
-    def take_ahead(self, rnd: Round, failed: bool) -> bool:
-        """Once the round before `rnd` ended: the workers handed `rnd` ahead take their devices' slots, and
-        the round's turn is given (if no rank of this host gave it yet); the old workers end. Unless that
-        round `failed` before its ranks gave the turn (no final save committed on their word): then `rnd`
-        is cancelled, its workers are killed, and False says so."""
+    def take_ahead(self, rnd: Round, go: bool) -> bool:
+        """Once the round before `rnd` ended, as the job's agents decided (`go`): the workers handed `rnd`
+        ahead take their devices' slots and get the turn (where no rank of this host gave it yet), and the
+        old workers end. Else `rnd` is cancelled and its workers killed, loading or not (a load writes
+        nothing): False."""
         ahead, self.ahead = self.ahead, {}
-        if failed and self.channel.cancel(rnd.number):
+        if not go:
+            self.channel.cancel(rnd.number)
             self._kill(*ahead.values())
             return False
         self.channel.go(rnd.number)

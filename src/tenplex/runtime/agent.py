@@ -97,7 +97,7 @@ class Agent(Watch, Handing):
     def _rendezvous(self, ahead: bool = False) -> tuple[Round, list[str]]:
         """Join the next round; every agent's store entry and slots; the round's group master. `ahead`:
         this agent would hand the round ahead (`_hand_ahead`); the round is then handed ahead on every
-        host (its ranks build, and rehearse, before they load), as one member says so."""
+        host (its ranks build, and rehearse, before they load) where every host that stays says so."""
         t = time.time()
         expected = self.members.expected(self.base, self.handler.num_nodes_waiting())
         with rendezvous.expecting(self.handler, expected):

@@ -102,6 +102,7 @@ class Round:
         out[env.SOURCES] = ",".join(dict.fromkeys([*self.stores, *self.sources]))
         out[env.LOST] = ",".join(dict.fromkeys([*self.gone, *self.retired]))
         out[env.LAYOUT] = self.layout  # set every round: a kept worker's environment holds the last one
+        out[AHEAD] = "1" if self.ahead else ""
         if self.durable:
             out[env.DURABLE] = self.durable
         return out

@@ -26,7 +26,7 @@ from datetime import timedelta
 from ..util.collector import freeze_imports
 from .channel import put
 from .preload import preload
-from .rounds import AHEAD, AgentError, Round, agent_store, ended_at_last_step, forget_end, has, worker_agent
+from .rounds import AgentError, Round, agent_store, ended_at_last_step, forget_end, has, worker_agent
 
 COMMIT_GRACE_S = 2.0
 # after a round broke (a collective failed: a host was lost), briefly: the commit under way most likely
@@ -97,7 +97,6 @@ def serve(target: list[str]) -> int:
             return 0
         rnd, slot = Round.from_json(cmd["round"]), int(cmd["slot"])  # its device, for this process's life
         os.environ.update(rnd.environ(int(cmd["position"]), slot, int(cmd["local_world"])))
-        os.environ[AHEAD] = "1" if cmd.get("ahead") else ""
         started = time.time()
         forget_end()
         outcome, message = run_target(target)

@@ -111,16 +111,14 @@ class Workers:
         if not all(self._warm(self.slots[d]) for d in devices):
             self.warm()
         for i, d in enumerate(devices):
-            self._send(self.slots[d], self._round(rnd, i, d, rnd.ahead))
-        if (
-            rnd.ahead and go
-        ):  # handed ahead elsewhere: here nothing is left to wait for (a host new to the job)
+            self._send(self.slots[d], self._round(rnd, i, d))
+        if rnd.ahead and go:  # handed ahead elsewhere; here nothing is left to wait for (a new host)
             self.channel.go(rnd.number)
 
     @staticmethod
-    def _round(rnd: Round, position: int, device: int, ahead: bool = False) -> dict[str, Any]:
+    def _round(rnd: Round, position: int, device: int) -> dict[str, Any]:
         return {"kind": "round", "slot": device, "position": position, "round": rnd.to_json(),
-                "local_world": len(rnd.devices), "ahead": ahead}  # fmt: skip
+                "local_world": len(rnd.devices)}  # fmt: skip
 
     def hand_ahead(self, rnd: Round, before: Round) -> None:
         """Round `rnd` to other workers while `before`'s still train: a fork for each device whose worker is
@@ -131,7 +129,7 @@ class Workers:
         idle = [d for d in rnd.devices if d in self.slots and d not in before.devices]
         self.ahead = {d: self.slots.pop(d) if d in idle else self._spawn() for d in rnd.devices}
         for i, d in enumerate(rnd.devices):
-            self._send(self.ahead[d], self._round(rnd, i, d, ahead=True))
+            self._send(self.ahead[d], self._round(rnd, i, d))
 
     def take_ahead(self, rnd: Round, go: bool) -> bool:
         """Once the round before `rnd` ended, as the job's agents decided (`go`): the workers handed `rnd`

@@ -53,6 +53,13 @@ def built_parts(ready: dict, load: float) -> dict[str, float]:
     return {"process_group": group, "build": ready["time"] - init_at - group - load, "load": load}
 
 
+def turn_parts(ready: dict, since: float, load: float) -> tuple[float, float]:
+    """Ranks started ahead (built while the old layout trained): how long after `since` (the old layout's
+    final save, or the new round formed) they were told to go, and what they still built after that."""
+    go_at = max(ready["go_at"], since)  # (told before `since`: the go record is written right before it)
+    return go_at - since, max(0.0, ready["time"] - go_at - load)
+
+
 def _first(phase: Phase, kind: Kind) -> dict | None:
     return next((r for r in phase.records if r["kind"] == kind), None)
 
@@ -81,9 +88,8 @@ def breakdown(prev: Phase, phase: Phase) -> dict[str, float] | None:
         "first_step": end["time"] - ready["time"] if end["kind"] == Kind.STEP else 0.0,
     }
     if ready.get("ahead"):  # built while the old layout trained: the restart began at the go
-        go_at = max(ready["go_at"], saved_at)  # the go file is written right before the `saved` record
-        parts.update(go=go_at - saved_at, exit=0.0, persist=0.0, start=0.0, process_group=0.0,
-                     build=max(0.0, ready["time"] - go_at - load))  # fmt: skip
+        go, build = turn_parts(ready, saved_at, load)
+        parts.update(go=go, exit=0.0, persist=0.0, start=0.0, process_group=0.0, build=build)
     parts["other"] = (end["time"] - since) - sum(parts.values())
     return parts
 

@@ -8,7 +8,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from .downtime import built_parts, saved_parts
+from .downtime import built_parts, saved_parts, turn_parts
 from .records import Kind, read_records
 
 PARTS = ("stop", "save", "rendezvous", "start", "process_group", "build", "load", "first_step", "other")
@@ -128,10 +128,8 @@ def round_parts(
         "first_step": b["steps"][0]["time"] - ready["time"] - step,
     }
     if ready.get("ahead"):  # built while the old round trained: the restart began at the turn
-        go_at = max(ready["go_at"], formed_at, saved_at)
-        load = ready.get("load_seconds", 0.0)
-        parts.update(start=go_at - max(formed_at, saved_at), process_group=0.0,
-                     build=max(0.0, ready["time"] - go_at - load))  # fmt: skip
+        start, build = turn_parts(ready, max(formed_at, saved_at), ready.get("load_seconds", 0.0))
+        parts.update(start=start, process_group=0.0, build=build)
     parts["other"] = gap - sum(parts.values())
     assert tuple(parts) == PARTS
     return parts

@@ -264,11 +264,12 @@ def agent_parts(row: dict) -> str:
 def runtimes_after(doc: dict) -> str:
     """Under the engines' table: wall time, the steps each change landed at, the ledger, the losses."""
     wall, landed = doc["wall_s"], doc["landed"]
-    return (f"\nWall time: controller {wall['controller']:g} s, agents {wall['agents']:g} s (their start-up: "
-            f"an agent and its warm workers per host). Landed at steps: controller {landed['controller']}, "
-            f"agents {landed['agents']} (a failure resumes from the newest snapshot). Data ledger exact: "
-            f"{doc['ledger_ok']['controller'] and doc['ledger_ok']['agents']}; largest loss difference "
-            f"between the two: {doc['max_loss_diff']:.1e}.\n")  # fmt: skip
+    engines = ", ".join(f"{e} {wall[e]:g} s" for e in wall)
+    steps = ", ".join(f"{e} {landed[e]}" for e in landed)
+    return (f"\nWall time: {engines} (the agents' start-up: an agent and its warm workers per host). Landed "
+            f"at steps: {steps} (a failure resumes from the newest snapshot). Data ledger exact: "
+            f"{all(doc['ledger_ok'].values())}; largest loss difference from the controller's: "
+            f"{doc['max_loss_diff']:.1e}.\n")  # fmt: skip
 
 
 PEERS = "python benchmarks/bench_peers.py"
@@ -588,6 +589,7 @@ TABLES: dict[str, Table] = {
             ("at step", key("step")),
             ("controller (s)", key("controller_s", lambda v: num(v, 2))),
             ("agents (s)", key("agents_s", lambda v: num(v, 2))),
+            ("agents, --no-ahead (s)", key("agents_no_ahead_s", lambda v: num(v, 2))),
             ("agents, by part (s)", agent_parts),
         ),
         after=runtimes_after,

@@ -202,6 +202,8 @@ class Agent(Watch, Handing):
             slot = min(failed)
             self._request_change(rnd, f"worker {slot}: {failed[slot]}")
             return "change"
+        if ended and all(e["outcome"] == "done" for e in ended.values()):
+            return None  # the job trained its last step: the others park with it (no change, no new round)
         # the same members go on: the others see a peer's change
         why = self._asked(rnd) if asks else None
         if why is None and (ended or has(self.base, job_key(run_id, "change", rnd.number))):
